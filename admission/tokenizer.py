@@ -125,7 +125,8 @@ class BytesEstimateTokenizer:
     def encode(self, text: str) -> list[int]:
         data = text.encode()
         step = max(1, round(self.bytes_per_token))
-        return [int.from_bytes(data[i : i + step].ljust(4, b"\0")[:4], "little") for i in range(0, len(data), step)]
+        chunks = (data[i : i + step] for i in range(0, len(data), step))
+        return [int.from_bytes(chunk[:4].ljust(4, b"\0"), "little") for chunk in chunks]
 
     def count(self, text: str) -> int:
         return -(-len(text.encode()) // max(1, round(self.bytes_per_token)))
@@ -139,7 +140,8 @@ def _named_encoding(encoding_name: str) -> Any:
 
 
 _LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
 
@@ -147,7 +149,9 @@ def count_chat(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], temp
     return tokenizer.count(template.render(messages))
 
 
-def encode_chat(tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], template: ChatTemplate) -> list[int]:
+def encode_chat(
+    tokenizer: Tokenizer, messages: Sequence[Mapping[str, Any]], template: ChatTemplate
+) -> list[int]:
     return tokenizer.encode(template.render(messages))
 
 

@@ -1,0 +1,20 @@
+"""Whether one replica can take one more request without over-committing it.
+
+Two guards, both worst-case: the replica's KV cache must hold every admitted sequence at its full
+``prompt + max_output`` length (so vLLM never has to preempt), and its active sequences must stay
+below the inter-token-latency guard (one more sequence slows every sequence already decoding).
+Routing filters and the admission decision both ask this one question, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from routing.replica import ReplicaView
+
+
+def kv_room_tokens(view: ReplicaView) -> int:
+    return view.capacity_kv_tokens - view.load.reserved_kv_tokens
+
+
+def fits(view: ReplicaView, kv_tokens: int, max_active_sequences: int) -> bool:
+    """True when ``view`` can hold ``kv_tokens`` more and has a sequence slot under the guard."""
+    return kv_tokens <= kv_room_tokens(view) and view.load.resident_sequences < max_active_sequences
