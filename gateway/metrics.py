@@ -1,0 +1,319 @@
+"""kvgate's Prometheus metrics and the windowed ``/signals`` aggregates, behind one object.
+
+``GatewayMetrics`` owns its own ``CollectorRegistry`` (never the process-global one, so tests can
+build many). Per-request events go through ``observe_*`` / ``count_*`` methods: each is one call on
+the hot path, touches a cached labelled child and the matching ``SignalsWindow`` slot, and never
+allocates a new label set after the first request of a pool and model. Work gauges (tokens queued,
+pending, resident, KV occupancy, replica readiness) are not pushed: a collector asks the gateway's
+``PoolWorkSource`` at scrape time, so they are always current and drop to zero when the gateway is
+idle. Names follow Prometheus conventions: ``kvgate_<thing>_<unit>``, base units, ``_total``
+counters; labels are ``pool`` and ``model``, ``replica`` only on per-replica gauges, and ``reason``
+only from the decision cores' bounded sets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import Collector
+
+from gateway.signals import Clock, PoolWork, PoolWorkSource, SignalsWindow
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+TTFT_BUCKETS_S = (
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
+ITL_BUCKETS_S = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
+QUEUE_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
+TOKENIZER_RATIO_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0)
+
+# Names of every series kvgate exports (histograms without their _bucket/_sum/_count suffixes).
+WORK_GAUGES = (
+    "kvgate_queued_requests",
+    "kvgate_queued_prompt_tokens",
+    "kvgate_pending_prompt_tokens",
+    "kvgate_prefill_work_tokens",
+    "kvgate_resident_sequences",
+    "kvgate_remaining_decode_tokens",
+    "kvgate_replica_kv_occupancy_ratio",
+    "kvgate_pool_kv_occupancy_ratio",
+    "kvgate_replica_ready",
+    "kvgate_replica_warming",
+    "kvgate_pool_replicas",
+    "kvgate_autoscaler_desired_replicas",
+    "kvgate_autoscaler_decision_info",
+)
+HISTOGRAMS = (
+    "kvgate_time_to_first_token_seconds",
+    "kvgate_inter_token_latency_seconds",
+    "kvgate_queue_wait_seconds",
+    "kvgate_request_duration_seconds",
+    "kvgate_tokenizer_estimate_ratio",
+)
+COUNTERS = (
+    "kvgate_admission_decisions_total",
+    "kvgate_prompt_tokens_total",
+    "kvgate_output_tokens_total",
+)
+
+
+class _WorkCollector(Collector):
+    """Reads the gateway's state at scrape time and emits the work and readiness gauges."""
+
+    def __init__(self, owner: GatewayMetrics) -> None:
+        self._owner = owner
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        work = list(self._owner.pool_work())
+        yield from _work_families(work)
+        yield from self._owner._desired_families()
+
+
+def _work_families(work: list[PoolWork]) -> Iterator[Metric]:
+    pm = ["pool", "model"]
+    per_model = {
+        "queued_requests": GaugeMetricFamily(
+            "kvgate_queued_requests", "Requests waiting in kvgate's admission queue.", labels=pm
+        ),
+        "queued_prompt_tokens": GaugeMetricFamily(
+            "kvgate_queued_prompt_tokens",
+            "Prompt tokens of requests waiting in kvgate's admission queue.",
+            labels=pm,
+        ),
+        "pending_prompt_tokens": GaugeMetricFamily(
+            "kvgate_pending_prompt_tokens",
+            "Prompt tokens of admitted requests that have not produced a first token.",
+            labels=pm,
+        ),
+        "resident_sequences": GaugeMetricFamily(
+            "kvgate_resident_sequences", "Admitted sequences not yet finished (decode work).", labels=pm
+        ),
+        "remaining_decode_tokens": GaugeMetricFamily(
+            "kvgate_remaining_decode_tokens",
+            "Output tokens still to come for resident sequences, bounded by each request's max output.",
+            labels=pm,
+        ),
+    }
+    prefill = GaugeMetricFamily(
+        "kvgate_prefill_work_tokens",
+        "Prefill work: prompt tokens queued in kvgate plus admitted without a first token.",
+        labels=pm,
+    )
+    replica_occ = GaugeMetricFamily(
+        "kvgate_replica_kv_occupancy_ratio",
+        "KV cache occupancy of one replica, 0..1: kvgate's estimate and the replica's scraped value.",
+        labels=["pool", "replica", "source"],
+    )
+    pool_occ = GaugeMetricFamily(
+        "kvgate_pool_kv_occupancy_ratio",
+        "Capacity-weighted KV cache occupancy of a pool, 0..1, by source (estimate or scraped).",
+        labels=["pool", "source"],
+    )
+    ready = GaugeMetricFamily(
+        "kvgate_replica_ready",
+        "1 when the replica passes health checks and takes traffic.",
+        labels=["pool", "replica"],
+    )
+    warming = GaugeMetricFamily(
+        "kvgate_replica_warming",
+        "1 while a ready replica is inside its warm-up ramp.",
+        labels=["pool", "replica"],
+    )
+    replicas = GaugeMetricFamily(
+        "kvgate_pool_replicas",
+        "Replicas of a pool by state (known, ready, warming).",
+        labels=["pool", "state"],
+    )
+    for pw in work:
+        for mw in pw.models:
+            for name, family in per_model.items():
+                family.add_metric([pw.pool, mw.model], float(getattr(mw, name)))
+            prefill.add_metric([pw.pool, mw.model], float(mw.queued_prompt_tokens + mw.pending_prompt_tokens))
+        for rw in pw.replicas:
+            replica_occ.add_metric([pw.pool, rw.replica, "estimate"], rw.kv_occupancy_estimate_ratio)
+            if rw.kv_occupancy_scraped_ratio is not None:
+                replica_occ.add_metric([pw.pool, rw.replica, "scraped"], rw.kv_occupancy_scraped_ratio)
+            ready.add_metric([pw.pool, rw.replica], 1.0 if rw.ready else 0.0)
+            warming.add_metric([pw.pool, rw.replica], 1.0 if rw.ready and rw.warming else 0.0)
+        pool_occ.add_metric([pw.pool, "estimate"], pw.kv_occupancy_estimate_ratio)
+        scraped = pw.kv_occupancy_scraped_ratio
+        if scraped is not None:
+            pool_occ.add_metric([pw.pool, "scraped"], scraped)
+        replicas.add_metric([pw.pool, "known"], float(len(pw.replicas)))
+        replicas.add_metric([pw.pool, "ready"], float(sum(1 for r in pw.replicas if r.ready)))
+        replicas.add_metric([pw.pool, "warming"], float(sum(1 for r in pw.replicas if r.ready and r.warming)))
+    yield from per_model.values()
+    yield from (prefill, replica_occ, pool_occ, ready, warming, replicas)
+
+
+class _NoWork:
+    def pool_work(self) -> Iterable[PoolWork]:
+        return ()
+
+
+class GatewayMetrics:
+    """Every metric kvgate exports, plus the ``/signals`` window fed by the same calls.
+
+    ``work_source`` may be bound later (``bind``) when the gateway state is built after the
+    metrics. ``clock`` is monotonic seconds; ``window_s`` is the ``/signals`` window."""
+
+    def __init__(
+        self,
+        work_source: PoolWorkSource | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        window_s: float = 60.0,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.signals = SignalsWindow(clock, window_s=window_s)
+        self._source: PoolWorkSource = work_source or _NoWork()
+        pm = ["pool", "model"]
+        r = self.registry
+        self._ttft = Histogram(
+            "kvgate_time_to_first_token_seconds",
+            "Seconds from the request reaching kvgate to its first output token reaching the client.",
+            pm,
+            buckets=TTFT_BUCKETS_S,
+            registry=r,
+        )
+        self._itl = Histogram(
+            "kvgate_inter_token_latency_seconds",
+            "Seconds between consecutive output tokens of a streamed response.",
+            pm,
+            buckets=ITL_BUCKETS_S,
+            registry=r,
+        )
+        self._queue_wait = Histogram(
+            "kvgate_queue_wait_seconds",
+            "Seconds a request waited in kvgate's admission queue before it was admitted or dropped.",
+            pm,
+            buckets=QUEUE_WAIT_BUCKETS_S,
+            registry=r,
+        )
+        self._e2e = Histogram(
+            "kvgate_request_duration_seconds",
+            "Seconds from the request reaching kvgate to its last byte reaching the client.",
+            pm,
+            buckets=E2E_BUCKETS_S,
+            registry=r,
+        )
+        self._tokenizer_ratio = Histogram(
+            "kvgate_tokenizer_estimate_ratio",
+            "kvgate's prompt token estimate divided by the replica's reported prompt tokens.",
+            ["model"],
+            buckets=TOKENIZER_RATIO_BUCKETS,
+            registry=r,
+        )
+        self._decisions = Counter(
+            "kvgate_admission_decisions",
+            "Admission decisions by outcome (admit, queue, reject) and reason.",
+            ["pool", "model", "decision", "reason"],
+            registry=r,
+        )
+        self._prompt_tokens = Counter(
+            "kvgate_prompt_tokens", "Prompt tokens of requests served (replica's count).", pm, registry=r
+        )
+        self._output_tokens = Counter(
+            "kvgate_output_tokens", "Output tokens streamed back to clients.", pm, registry=r
+        )
+        self._children: dict[tuple[object, ...], Any] = {}
+        r.register(_WorkCollector(self))
+
+    def bind(self, work_source: PoolWorkSource) -> None:
+        self._source = work_source
+
+    def pool_work(self) -> Iterable[PoolWork]:
+        return self._source.pool_work()
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def observe_ttft(self, pool: str, model: str, seconds: float) -> None:
+        self._child(self._ttft, pool, model).observe(seconds)
+        self.signals.observe_latency("ttft", pool, seconds)
+
+    def observe_itl(self, pool: str, model: str, seconds: float) -> None:
+        self._child(self._itl, pool, model).observe(seconds)
+        self.signals.observe_latency("itl", pool, seconds)
+
+    def observe_queue_wait(self, pool: str, model: str, seconds: float) -> None:
+        self._child(self._queue_wait, pool, model).observe(seconds)
+        self.signals.observe_latency("queue_wait", pool, seconds)
+
+    def observe_e2e(self, pool: str, model: str, seconds: float) -> None:
+        self._child(self._e2e, pool, model).observe(seconds)
+        self.signals.observe_latency("e2e", pool, seconds)
+
+    def count_decision(self, decision: str, reason: str, *, pool: str = "", model: str = "") -> None:
+        """One admission outcome; ``pool``/``model`` empty when the request never reached a pool
+        (e.g. a 400 for an unknown model)."""
+        self._child(self._decisions, pool, model, decision, reason).inc()
+        self.signals.count_decision(pool, decision)
+
+    def count_tokens(self, pool: str, model: str, prompt_tokens: int, output_tokens: int) -> None:
+        """Tokens of one finished request (call once per request, at its end)."""
+        self._child(self._prompt_tokens, pool, model).inc(prompt_tokens)
+        self._child(self._output_tokens, pool, model).inc(output_tokens)
+        self.signals.count_tokens(pool, prompt_tokens, output_tokens)
+
+    def observe_tokenizer_ratio(self, model: str, estimated_tokens: int, actual_tokens: int) -> None:
+        if actual_tokens > 0:
+            self._child(self._tokenizer_ratio, model).observe(estimated_tokens / actual_tokens)
+
+    def set_desired_replicas(self, pool: str, replicas: int, reason: str) -> None:
+        self.signals.set_desired(pool, replicas, reason)
+
+    def _desired_families(self) -> Iterator[Metric]:
+        desired = GaugeMetricFamily(
+            "kvgate_autoscaler_desired_replicas",
+            "Replicas the autoscaling policy recommends for a pool.",
+            labels=["pool"],
+        )
+        info = GaugeMetricFamily(
+            "kvgate_autoscaler_decision_info",
+            "1 for the reason of the policy's last recommendation for a pool.",
+            labels=["pool", "reason"],
+        )
+        for pool, d in sorted(self.signals.desired().items()):
+            desired.add_metric([pool], float(d.replicas))
+            info.add_metric([pool, d.reason], 1.0)
+        yield desired
+        yield info
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric (serve with ``CONTENT_TYPE``)."""
+        return generate_latest(self.registry)
+
+    def signals_doc(self) -> dict[str, Any]:
+        """The ``/signals`` document for the current instant."""
+        return self.signals.snapshot(self.pool_work())
