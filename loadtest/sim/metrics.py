@@ -1,0 +1,90 @@
+"""Renders one simulated engine as vLLM v1's ``/metrics`` page (Prometheus text format).
+
+Names, types and the ``model_name``/``engine`` labels follow vLLM v1's Prometheus logger, so the
+gateway's scraper and dashboards cannot tell the simulator from vLLM. The simulator's own health
+(how far its step loop ran behind schedule) is exported next to them as ``kvgate_sim_*``.
+Rendered on demand by string building: a scrape costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from loadtest.sim.engine import Engine
+from loadtest.sim.stats import Histogram
+
+
+def _fmt(value: float) -> str:
+    return repr(float(value))
+
+
+def render_metrics(engine: Engine, model: str, lag_s: float, engine_index: int = 0) -> bytes:
+    labels = f'engine="{engine_index}",model_name="{model}"'
+    stats = engine.stats
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+
+    def gauge(name: str, value: float, help_text: str) -> None:
+        family(name, "gauge", help_text)
+        lines.append(f"{name}{{{labels}}} {_fmt(value)}")
+
+    def counter(name: str, value: float, help_text: str) -> None:
+        family(f"{name}_total", "counter", help_text)
+        lines.append(f"{name}_total{{{labels}}} {_fmt(value)}")
+
+    def histogram(name: str, hist: Histogram, help_text: str) -> None:
+        family(name, "histogram", help_text)
+        for bound, cumulative in zip((*hist.bounds, float("inf")), hist.cumulative(), strict=True):
+            le = "+Inf" if bound == float("inf") else _fmt(bound)
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {_fmt(cumulative)}')
+        lines.append(f"{name}_count{{{labels}}} {_fmt(hist.count)}")
+        lines.append(f"{name}_sum{{{labels}}} {_fmt(hist.sum)}")
+
+    gauge("vllm:num_requests_running", engine.num_running, "Number of requests in model execution batches.")
+    gauge("vllm:num_requests_waiting", engine.num_waiting, "Number of requests waiting to be processed.")
+    gauge(
+        "vllm:kv_cache_usage_perc", engine.kv_cache_usage_ratio, "KV-cache usage. 1 means 100 percent usage."
+    )
+    counter("vllm:num_preemptions", stats.num_preemptions, "Cumulative number of preemption from the engine.")
+    counter(
+        "vllm:prefix_cache_queries",
+        stats.prefix_cache_queries_tokens,
+        "Prefix cache queries, in terms of number of queried tokens.",
+    )
+    counter(
+        "vllm:prefix_cache_hits",
+        stats.prefix_cache_hits_tokens,
+        "Prefix cache hits, in terms of number of cached tokens.",
+    )
+    counter("vllm:prompt_tokens", stats.prompt_tokens, "Number of prefill tokens processed.")
+    counter("vllm:generation_tokens", stats.generation_tokens, "Number of generation tokens processed.")
+    family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
+    for reason, count in stats.request_success.items():
+        lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {_fmt(count)}')
+    histogram(
+        "vllm:time_to_first_token_seconds", stats.ttft_s, "Histogram of time to first token in seconds."
+    )
+    histogram("vllm:inter_token_latency_seconds", stats.itl_s, "Histogram of inter-token latency in seconds.")
+    histogram("vllm:e2e_request_latency_seconds", stats.e2e_s, "Histogram of e2e request latency in seconds.")
+    histogram(
+        "vllm:request_queue_time_seconds",
+        stats.queue_s,
+        "Histogram of time spent in WAITING phase for request.",
+    )
+    profile = engine.profile
+    family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    lines.append(
+        f'vllm:cache_config_info{{{labels},block_size="{profile.block_size_tokens}",'
+        f'num_gpu_blocks="{profile.num_gpu_blocks}",enable_prefix_caching="True",'
+        f'cache_dtype="auto",gpu_memory_utilization="0.9"}} 1.0'
+    )
+    counter("kvgate_sim_lag_seconds", lag_s, "Simulated seconds the step loop started steps behind schedule.")
+    counter("kvgate_sim_busy_seconds", stats.busy_s, "Simulated seconds the engine spent running steps.")
+    gauge(
+        "kvgate_sim_lag_ratio",
+        lag_s / stats.busy_s if stats.busy_s > 0 else 0.0,
+        "Lag behind schedule per busy second; a run above 0.05 is not faithful.",
+    )
+    lines.append("")
+    return "\n".join(lines).encode()

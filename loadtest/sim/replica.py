@@ -1,0 +1,544 @@
+"""One simulated vLLM replica: the OpenAI HTTP surface in front of one ``Engine``.
+
+The replica owns a listening socket, the engine, and the loop that steps it. The loop asks the
+engine for a step, sleeps the step's simulated duration times ``time_scale`` and then writes every
+produced token straight to its client's transport, one write per connection per step. Simulated
+time follows real time (divided by ``time_scale``) whenever the engine is idle; when the loop wakes
+later than a step was due, the difference is counted as lag. With ``time_scale == 0`` nothing
+sleeps: simulated time advances by step durations only, one step per loop turn.
+
+Lifecycle: ``starting`` (port closed: connections refused) → ``ready`` ⇄ ``paused`` (accepts, never
+answers) → ``draining`` (port closed, in-flight finish) → ``drained`` → ``removed``; or ``killed``
+from anywhere (open connections reset mid-stream, port closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import OrderedDict
+
+import orjson
+
+from admission.tokenizer import ChatTemplate, TiktokenTokenizer, Tokenizer
+from loadtest.sim.engine import Engine, EngineRequest, StepResult
+from loadtest.sim.http import Connection, Request
+from loadtest.sim.metrics import render_metrics
+from loadtest.sim.profile import Profile
+from loadtest.sim.protocol import (
+    DONE_CHUNK,
+    VLLM_VERSION,
+    WORDS,
+    ApiError,
+    StreamTemplates,
+    chat_messages,
+    full_response,
+    length_error,
+    model_not_found,
+    parse_body,
+    parse_generation,
+)
+from routing.prefix_hash import block_hashes
+
+_ENCODE_CACHE_ENTRIES = 2048
+_NOT_FOUND = b'{"detail":"Not Found"}'
+_METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+_ROUTES = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/tokenize": "POST",
+    "/v1/models": "GET",
+    "/health": "GET",
+    "/version": "GET",
+    "/metrics": "GET",
+}
+
+
+class _Exchange:
+    """One generation request in flight: its ``n`` sequences and what its client has been sent."""
+
+    __slots__ = (
+        "buf",
+        "chat",
+        "conn",
+        "created",
+        "finish_reasons",
+        "include_usage",
+        "model",
+        "prompt_tokens",
+        "record",
+        "remaining",
+        "replica",
+        "response_id",
+        "seqs",
+        "started",
+        "stream",
+        "templates",
+        "texts",
+    )
+
+    def __init__(
+        self,
+        replica: SimReplica,
+        conn: Connection,
+        chat: bool,
+        stream: bool,
+        include_usage: bool,
+        response_id: str,
+        model: str,
+        n: int,
+        prompt_tokens: int,
+        record: bytearray | None,
+    ) -> None:
+        self.replica = replica
+        self.conn = conn
+        self.chat = chat
+        self.stream = stream
+        self.include_usage = include_usage
+        self.response_id = response_id
+        self.model = model
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.record = record
+        self.remaining = n
+        self.seqs: list[EngineRequest] = []
+        self.buf: list[bytes] = []
+        self.started = False
+        self.texts: list[list[bytes]] = [[] for _ in range(n)]
+        self.finish_reasons = ["stop"] * n
+        self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
+
+    def on_token(self, seq: EngineRequest, index: int) -> bool:
+        """Queue one produced token; True if this is the exchange's first token in this step."""
+        first = not self.buf
+        word = WORDS[(seq.num_output_tokens * 7 + index) % len(WORDS)]
+        templates = self.templates
+        if templates is None:
+            self.texts[index].append(word)
+            if first:
+                self.buf.append(b"")
+        else:
+            if templates.chat and seq.num_output_tokens == 1:
+                self.buf.append(templates.role_chunks[index])
+            if seq.finish_reason is None:
+                self.buf.append(templates.heads[index] + word + templates.tail)
+            else:
+                self.buf.append(
+                    templates.heads[index] + word + templates.tail_stop % seq.finish_reason.encode()
+                )
+        if seq.finish_reason is not None:
+            self.finish_reasons[index] = seq.finish_reason
+            self.remaining -= 1
+        return first
+
+    def flush(self) -> None:
+        conn = self.conn
+        done = self.remaining == 0
+        if self.templates is None:
+            self.buf.clear()
+            if done:
+                body = full_response(
+                    self.chat,
+                    self.response_id,
+                    self.created,
+                    self.model,
+                    [b"".join(t).decode() for t in self.texts],
+                    self.finish_reasons,
+                    self.prompt_tokens,
+                    sum(s.num_output_tokens for s in self.seqs),
+                )
+                self._record(body)
+                self.replica._finish(self)
+                conn.respond(200, body)
+            return
+        if done:
+            if self.include_usage:
+                completion = sum(s.num_output_tokens for s in self.seqs)
+                self.buf.append(self.templates.usage_chunk(self.prompt_tokens, completion))
+            self.buf.append(DONE_CHUNK)
+        data = b"".join(self.buf)
+        self.buf.clear()
+        self._record(data)
+        if not self.started:
+            self.started = True
+            conn.start_stream()
+        if done:
+            self.replica._finish(self)
+            conn.end_stream(data)
+        else:
+            conn.send(data)
+
+    def _record(self, data: bytes) -> None:
+        if self.record is not None:
+            self.record += data
+
+    def on_disconnect(self) -> None:
+        for seq in self.seqs:
+            self.replica.engine.abort(seq)
+        self.replica._finish(self)
+
+
+class SimReplica:
+    def __init__(
+        self,
+        index: int,
+        profile: Profile,
+        model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        time_scale: float = 1.0,
+        seed: int = 0,
+        record_streams: bool = False,
+        tokenizer: Tokenizer | None = None,
+        chat_template: ChatTemplate | None = None,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError(f"time_scale must be >= 0, got {time_scale}")
+        self.index = index
+        self.profile = profile
+        self.model = model
+        self.host = host
+        self.port = port
+        self.time_scale = time_scale
+        self.state = "starting"
+        self.engine = Engine(profile, seed=seed)
+        self.max_model_len = min(profile.max_model_len, profile.kv_capacity_tokens)
+        self.lag_s = 0.0
+        self._tokenizer: Tokenizer = tokenizer or TiktokenTokenizer.from_name()
+        self._template = chat_template or ChatTemplate()
+        self._encoded: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
+        self._records: dict[str, bytearray] | None = {} if record_streams else None
+        self._ids = itertools.count()
+        self._id_prefix = f"sim{seed:x}r{index}-"
+        self._conns: set[Connection] = set()
+        self._exchanges: set[_Exchange] = set()
+        self._stalled: list[tuple[Connection, Request]] = []
+        self._server: asyncio.Server | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ready = asyncio.Event()
+        self._t0 = asyncio.get_running_loop().time()
+        self._sim_end_s = 0.0
+        self.created = int(time.time())
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def sim_now(self) -> float:
+        """Simulated seconds since this replica was created."""
+        if self.time_scale == 0:
+            return self._sim_end_s
+        return (asyncio.get_running_loop().time() - self._t0) / self.time_scale
+
+    def recorded(self, request_id: str) -> bytes:
+        """Body bytes sent for ``request_id`` (its ``X-Request-Id`` or response id); b"" if unknown."""
+        if self._records is None:
+            raise RuntimeError("replica was started without record_streams=True")
+        return bytes(self._records.get(request_id, b""))
+
+    # lifecycle
+    async def start(self, cold_start_s: float = 0.0) -> None:
+        """Load (port closed for ``cold_start_s * time_scale``), then listen and serve."""
+        if cold_start_s > 0 and self.time_scale > 0:
+            await asyncio.sleep(cold_start_s * self.time_scale)
+        if self.state != "starting":
+            return
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Connection(self._handle, self._conns), self.host, self.port, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.engine.ready_s = self.sim_now()
+        self._loop_task = asyncio.create_task(self._run(), name=f"sim-replica-{self.index}")
+        self.state = "ready"
+        self._ready.set()
+
+    async def wait_ready(self) -> None:
+        await self._ready.wait()
+
+    def pause(self) -> None:
+        if self.state == "ready":
+            self.state = "paused"
+
+    def resume(self) -> None:
+        if self.state != "paused":
+            return
+        self.state = "ready"
+        stalled, self._stalled = self._stalled, []
+        for conn, request in stalled:
+            if conn.transport is not None:
+                self._handle(conn, request)
+        self._wake.set()
+
+    async def drain(self) -> None:
+        """Stop accepting connections and wait for every in-flight request to finish."""
+        if self.state in ("paused", "ready"):
+            self.resume()
+            self.state = "draining"
+            self._close_listener()
+        if self.state == "draining":
+            await self._idle.wait()
+            self.state = "drained"
+
+    def kill(self) -> None:
+        """Die abruptly: reset every open connection mid-stream and refuse the port."""
+        if self.state in ("killed", "removed"):
+            return
+        self._close_listener()
+        self._teardown()
+        self.state = "killed"
+
+    async def stop(self) -> None:
+        self._close_listener()
+        self._teardown()
+        if self.state != "killed":
+            self.state = "removed"
+        if self._loop_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    def _close_listener(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _teardown(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for conn in list(self._conns):
+            conn.abort()
+        self.engine.abort_all()
+        self._exchanges.clear()
+        self._stalled.clear()
+        self._idle.set()
+
+    # engine loop
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        scale = self.time_scale
+        continuing = False
+        while True:
+            if not engine.has_work or self.state == "paused":
+                continuing = False
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            start_s = max(self.sim_now(), self._sim_end_s)
+            if continuing:
+                self.lag_s += start_s - self._sim_end_s
+            result = engine.step(start_s)
+            self._sim_end_s = result.end_s
+            if result.num_scheduled_tokens == 0:
+                continuing = False
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if scale > 0:
+                delay = self._t0 + result.end_s * scale - loop.time()
+                await asyncio.sleep(max(0.0, delay))
+            else:
+                await asyncio.sleep(0)
+            if self.state == "paused":
+                await self._wait_resumed()
+            self._deliver(result)
+            continuing = True
+
+    async def _wait_resumed(self) -> None:
+        while self.state == "paused":
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _deliver(self, result: StepResult) -> None:
+        touched: list[_Exchange] = []
+        for seq in result.produced:
+            exchange, index = seq.handle
+            if exchange.on_token(seq, index):
+                touched.append(exchange)
+        for exchange in touched:
+            exchange.flush()
+
+    def _finish(self, exchange: _Exchange) -> None:
+        self._exchanges.discard(exchange)
+        if not self._exchanges:
+            self._idle.set()
+
+    # HTTP
+    def _handle(self, conn: Connection, request: Request) -> None:
+        if self.state == "paused":
+            self._stalled.append((conn, request))
+            return
+        try:
+            self._route(conn, request)
+        except Exception as exc:
+            error = ApiError(500, f"Internal server error: {type(exc).__name__}", "InternalServerError")
+            conn.respond(500, error.body())
+
+    def _route(self, conn: Connection, request: Request) -> None:
+        path = request.path
+        method = _ROUTES.get(path)
+        if method is None:
+            conn.respond(404, _NOT_FOUND)
+        elif method != request.method:
+            conn.respond(405, _METHOD_NOT_ALLOWED)
+        elif path == "/v1/chat/completions":
+            self._generate(conn, request, chat=True)
+        elif path == "/v1/completions":
+            self._generate(conn, request, chat=False)
+        elif path == "/metrics":
+            conn.respond(
+                200, render_metrics(self.engine, self.model, self.lag_s), b"text/plain; version=0.0.4"
+            )
+        elif path == "/health":
+            conn.respond(200, b"")
+        elif path == "/v1/models":
+            conn.respond(200, self._models_body())
+        elif path == "/version":
+            conn.respond(200, orjson.dumps({"version": VLLM_VERSION}))
+        else:
+            self._tokenize(conn, request)
+
+    def _encode(self, text: str) -> tuple[list[int], list[int]]:
+        cached = self._encoded.get(text)
+        if cached is not None:
+            self._encoded.move_to_end(text)
+            return cached
+        ids = self._tokenizer.encode(text)
+        entry = (ids, block_hashes(ids, self.profile.block_size_tokens))
+        self._encoded[text] = entry
+        if len(self._encoded) > _ENCODE_CACHE_ENTRIES:
+            self._encoded.popitem(last=False)
+        return entry
+
+    def _generate(self, conn: Connection, request: Request, chat: bool) -> None:
+        if self.state != "ready":
+            error = ApiError(503, "The server is shutting down.", "ServiceUnavailableError")
+            conn.respond(503, error.body())
+            return
+        parsed = parse_generation(request.body, chat, self.model)
+        if isinstance(parsed, ApiError):
+            conn.respond(parsed.status, parsed.body())
+            return
+        text = self._template.render(chat_messages(request.body)) if chat else parsed.prompt
+        token_ids, hashes = self._encode(text)
+        prompt_tokens = len(token_ids)
+        too_long = length_error(self.max_model_len, prompt_tokens, parsed.max_tokens)
+        if too_long is not None:
+            conn.respond(too_long.status, too_long.body())
+            return
+        max_tokens = (
+            parsed.max_tokens if parsed.max_tokens is not None else self.max_model_len - prompt_tokens
+        )
+        header_id = request.headers.get(b"x-request-id")
+        base_id = header_id.decode("latin-1") if header_id else f"{self._id_prefix}{next(self._ids)}"
+        response_id = ("chatcmpl-" if chat else "cmpl-") + base_id
+        record = None
+        if self._records is not None:
+            record = bytearray()
+            self._records[response_id] = record
+            if header_id:
+                self._records[base_id] = record
+        exchange = _Exchange(
+            self,
+            conn,
+            chat,
+            parsed.stream,
+            parsed.include_usage,
+            response_id,
+            parsed.model,
+            parsed.n,
+            prompt_tokens,
+            record,
+        )
+        arrival_s = self.sim_now()
+        for index in range(parsed.n):
+            seq_id = response_id if parsed.n == 1 else f"{response_id}-{index}"
+            exchange.seqs.append(
+                self.engine.add_request(
+                    seq_id,
+                    token_ids,
+                    max_tokens,
+                    arrival_s,
+                    min_tokens=parsed.min_tokens,
+                    ignore_eos=parsed.ignore_eos,
+                    prompt_hashes=hashes,
+                    handle=(exchange, index),
+                )
+            )
+        self._exchanges.add(exchange)
+        self._idle.clear()
+        request.on_disconnect = exchange.on_disconnect
+        self._wake.set()
+
+    def _models_body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "vllm",
+                        "root": self.model,
+                        "parent": None,
+                        "max_model_len": self.max_model_len,
+                        "permission": [
+                            {
+                                "id": f"modelperm-{self._id_prefix}",
+                                "object": "model_permission",
+                                "created": self.created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+
+    def _tokenize(self, conn: Connection, request: Request) -> None:
+        body = parse_body(request.body)
+        if isinstance(body, ApiError):
+            conn.respond(body.status, body.body())
+            return
+        model = body.get("model") or self.model
+        if model != self.model:
+            error = model_not_found(str(model))
+            conn.respond(error.status, error.body())
+            return
+        messages = body.get("messages")
+        prompt = body.get("prompt")
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+            text = self._template.render(chat_messages(request.body))
+        elif isinstance(prompt, str):
+            text = prompt
+        else:
+            error = ApiError(400, "Either `prompt` (a string) or `messages` (a list) is required.")
+            conn.respond(error.status, error.body())
+            return
+        token_ids, _hashes = self._encode(text)
+        conn.respond(
+            200,
+            orjson.dumps(
+                {
+                    "count": len(token_ids),
+                    "max_model_len": self.max_model_len,
+                    "tokens": token_ids,
+                    "token_strs": None,
+                }
+            ),
+        )

@@ -1,0 +1,62 @@
+"""Counters and histograms one simulated engine keeps, in simulated seconds.
+
+These are what ``/metrics`` renders under vLLM v1's names. Histogram bucket bounds follow vLLM's,
+so dashboards and the gateway's scraper read the simulator exactly as they would read vLLM.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+TTFT_BUCKETS_S = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_BUCKETS_S = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+class Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def cumulative(self) -> list[int]:
+        total = 0
+        out = []
+        for c in self.counts:
+            total += c
+            out.append(total)
+        return out
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_preemptions: int = 0
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_steps: int = 0
+    busy_s: float = 0.0
+    request_success: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    ttft_s: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS_S))
+    itl_s: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
+    e2e_s: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS_S))
+    queue_s: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS_S))
