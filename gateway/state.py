@@ -1,0 +1,99 @@
+"""The gateway's live state: the replicas it knows, their health, and the requests in flight.
+
+One ``GatewayState`` per process, mutated only on the event loop thread (no locks). In-flight
+counters go up when a request is routed to a replica and down exactly once in the proxy's
+``finally``, so with no requests in flight every counter is zero; integration tests assert that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from config.schema import GatewayConfig, Model, Pool
+from routing.replica import Role
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaState:
+    replica_id: str
+    url: str
+    pool: str
+    role: Role
+    models: frozenset[str]
+    kv_capacity_tokens: int
+    max_sequences: int
+    healthy: bool = False
+    probe_successes: int = 0
+    probe_failures: int = 0
+    in_flight: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class ProxyRequest:
+    """One client request, from parsed body to release. Never shared between requests."""
+
+    request_id: str
+    endpoint: str
+    model: str
+    stream: bool
+    body: dict[str, Any]
+    raw_body: bytes
+    headers: list[tuple[bytes, bytes]]
+    """The client's headers, as received (minus hop-by-hop ones)."""
+    upstream_headers: list[tuple[str, str]]
+    """What is sent to the replica: the client's headers plus ``x-request-id``."""
+    replica: ReplicaState | None = None
+    response_started: bool = False
+    disconnected: bool = False
+    finished: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class GatewayState:
+    models: dict[str, Model]
+    pools: dict[str, Pool]
+    replicas: dict[str, ReplicaState] = field(default_factory=dict)
+    in_flight: int = 0
+    served: int = 0
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig) -> GatewayState:
+        state = cls(models={m.name: m for m in config.models}, pools={p.name: p for p in config.pools})
+        for pool in config.pools:
+            state.set_pool_urls(pool.name, pool.replicas)
+        return state
+
+    def pool_models(self, pool: Pool) -> frozenset[str]:
+        return frozenset(pool.models or self.models)
+
+    def set_pool_urls(self, pool_name: str, urls: Iterable[str]) -> None:
+        """Make ``urls`` the pool's replica set: new ones start unprobed (not routable), missing ones
+        are forgotten (requests in flight to them finish and release on their own objects)."""
+        pool = self.pools[pool_name]
+        wanted = {url.rstrip("/") for url in urls}
+        for replica_id in [r.replica_id for r in self.replicas.values() if r.pool == pool_name]:
+            if replica_id not in wanted:
+                del self.replicas[replica_id]
+        for url in sorted(wanted):
+            if url not in self.replicas:
+                self.replicas[url] = ReplicaState(
+                    replica_id=url,
+                    url=url,
+                    pool=pool_name,
+                    role=Role(pool.role),
+                    models=self.pool_models(pool),
+                    kv_capacity_tokens=pool.kv_capacity_tokens,
+                    max_sequences=pool.max_sequences,
+                )
+
+    def routable(self, model: str) -> list[ReplicaState]:
+        return [r for r in self.replicas.values() if r.healthy and model in r.models]
+
+    @property
+    def ready(self) -> bool:
+        return any(r.healthy for r in self.replicas.values())
+
+    def in_flight_by_replica(self) -> dict[str, int]:
+        return {r.replica_id: r.in_flight for r in self.replicas.values()}

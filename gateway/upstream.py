@@ -1,0 +1,28 @@
+"""The one shared aiohttp session every upstream call goes through.
+
+Sized for thousands of concurrent streams; connections are kept alive per replica. Bodies are
+relayed untouched: no automatic decompression and no ``Accept-Encoding``/``User-Agent`` added, so
+the bytes a client receives are the bytes the replica wrote. aiohttp sets ``TCP_NODELAY`` on every
+connection it opens (``aiohttp.base_protocol.BaseProtocol.connection_made``).
+"""
+
+from __future__ import annotations
+
+import aiohttp
+
+from config.schema import Server
+
+
+def create_session(server: Server) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(
+        limit=server.upstream_connections,
+        limit_per_host=0,
+        keepalive_timeout=server.keepalive_s,
+    )
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=server.timeouts.connect_s),
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        raise_for_status=False,
+    )

@@ -1,0 +1,320 @@
+"""Proxy overhead benchmark: gateway CPU per request and added latency against direct calls.
+
+Three processes: zero-delay backends (raw asyncio + httptools, one process for all of them, so its
+CPU is not counted), the gateway (uvicorn + uvloop, its CPU read from ``/proc`` via psutil), and
+this driver (aiohttp clients at a fixed concurrency). Each scenario runs direct and through the
+gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, and 50-chunk
+streams paced ~5 ms apart. Prints a table; not a test.
+
+    python -m loadtest.bench_proxy [--concurrency 64] [--requests 4000] [--streams 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import cast
+
+import aiohttp
+import httptools
+import orjson
+import psutil
+
+MODEL = "bench-model"
+CHUNKS = 50
+PACE_HEADER = "x-bench-pace-ms"
+
+
+class _BackendProtocol(asyncio.Protocol):
+    """HTTP/1.1 keep-alive server answering every POST at once: JSON, or ``max_tokens`` SSE chunks."""
+
+    def __init__(self) -> None:
+        self._parser = httptools.HttpRequestParser(self)
+        self._transport: asyncio.Transport | None = None
+        self._body = bytearray()
+        self._pace_ms = 0.0
+        self._url = b""
+        self._header_name = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError:
+            assert self._transport is not None
+            self._transport.close()
+
+    def on_message_begin(self) -> None:
+        self._body = bytearray()
+        self._pace_ms = 0.0
+
+    def on_url(self, url: bytes) -> None:
+        self._url = url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == PACE_HEADER.encode():
+            self._pace_ms = float(value)
+
+    def on_body(self, body: bytes) -> None:
+        self._body += body
+
+    def on_message_complete(self) -> None:
+        assert self._transport is not None
+        if self._url == b"/health":
+            self._transport.write(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-type: text/plain\r\n\r\nok"
+            )
+            return
+        request = orjson.loads(bytes(self._body))
+        chunks = int(request.get("max_tokens", CHUNKS))
+        if not request.get("stream"):
+            body = orjson.dumps(
+                {
+                    "id": "cmpl-bench",
+                    "object": "chat.completion",
+                    "model": MODEL,
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "x" * chunks}}],
+                    "usage": {"prompt_tokens": 8, "completion_tokens": chunks, "total_tokens": 8 + chunks},
+                }
+            )
+            head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(
+                body
+            )
+            self._transport.write(head + body)
+            return
+        self._transport.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
+            b"transfer-encoding: chunked\r\n\r\n"
+        )
+        asyncio.get_running_loop().create_task(self._stream(chunks, self._pace_ms))
+
+    async def _stream(self, chunks: int, pace_ms: float) -> None:
+        assert self._transport is not None
+        event = (
+            b'data: {"id":"cmpl-bench","object":"chat.completion.chunk",'
+            b'"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+        )
+        frame = b"%x\r\n%s\r\n" % (len(event), event)
+        for _ in range(chunks):
+            if self._transport.is_closing():
+                return
+            self._transport.write(frame)
+            if pace_ms:
+                await asyncio.sleep(pace_ms / 1000)
+        done = b"data: [DONE]\n\n"
+        self._transport.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+
+
+async def serve_backends(ports: list[int]) -> None:
+    loop = asyncio.get_running_loop()
+    servers = [await loop.create_server(_BackendProtocol, "127.0.0.1", port) for port in ports]
+    print("ready", flush=True)
+    await asyncio.gather(*(s.serve_forever() for s in servers))
+
+
+def free_ports(count: int) -> list[int]:
+    socks = [socket.socket() for _ in range(count)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    latencies_s: list[float]
+    wall_s: float
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.latencies_s)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def drive(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    headers: dict[str, str],
+    total: int,
+    concurrency: int,
+) -> Result:
+    latencies: list[float] = []
+    remaining = total
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            start = time.perf_counter()
+            async with session.post(url, data=body, headers=headers) as response:
+                async for _ in response.content.iter_any():
+                    pass
+                assert response.status == 200, response.status
+            latencies.append(time.perf_counter() - start)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return Result(latencies, time.perf_counter() - start)
+
+
+def _spawn(args: list[str]) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "loadtest.bench_proxy", *args], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if "ready" not in line:
+        process.kill()
+        raise RuntimeError(f"child did not start: {line!r}")
+    return process
+
+
+def _gateway_config(ports: list[int], port: int) -> str:
+    replicas = ", ".join(f"http://127.0.0.1:{p}" for p in ports)
+    return orjson.dumps(
+        {
+            "server": {"host": "127.0.0.1", "port": port},
+            "health": {"interval_s": 60},
+            "models": [{"name": MODEL, "max_model_len": 8192, "kv_bytes_per_token": 131072}],
+            "pools": [{"name": "bench", "replicas": replicas.split(", "), "kv_capacity_tokens": 100000}],
+        }
+    ).decode()
+
+
+def serve_gateway(config_json: str) -> None:
+    from config.loader import parse_config
+    from gateway.server import serve
+
+    config = parse_config(orjson.loads(config_json), {})
+    print("ready", flush=True)
+    serve(config, log_level="warning")
+
+
+async def _wait_ready(url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(200):
+            try:
+                async with session.get(url + "/readyz") as response:
+                    if response.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError("gateway never became ready")
+
+
+async def run(concurrency: int, requests: int, streams: int) -> None:
+    backend_ports = free_ports(4)
+    (gateway_port,) = free_ports(1)
+    backends = _spawn(["--backend", ",".join(map(str, backend_ports))])
+    gateway = _spawn(["--gateway", _gateway_config(backend_ports, gateway_port)])
+    gateway_url = f"http://127.0.0.1:{gateway_port}"
+    try:
+        await _wait_ready(gateway_url)
+        gateway_cpu = psutil.Process(gateway.pid)
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as session:
+            rows = []
+            scenarios: list[tuple[str, bool, float, int]] = [
+                ("non-stream", False, 0.0, requests),
+                ("stream 50 back-to-back", True, 0.0, streams),
+                ("stream 50 paced 5 ms", True, 5.0, streams),
+            ]
+            for name, stream, pace_ms, total in scenarios:
+                body = orjson.dumps(
+                    {
+                        "model": MODEL,
+                        "messages": [{"role": "user", "content": "hi"}],
+                        "max_tokens": CHUNKS,
+                        "stream": stream,
+                    }
+                )
+                headers = {"content-type": "application/json", PACE_HEADER: str(pace_ms)}
+                backend_urls = [f"http://127.0.0.1:{p}/v1/chat/completions" for p in backend_ports]
+                await drive(session, backend_urls[0], body, headers, concurrency, concurrency)
+                direct = await _drive_direct(session, backend_urls, body, headers, total, concurrency)
+                await drive(
+                    session, gateway_url + "/v1/chat/completions", body, headers, concurrency, concurrency
+                )
+                before = gateway_cpu.cpu_times()
+                proxied = await drive(
+                    session, gateway_url + "/v1/chat/completions", body, headers, total, concurrency
+                )
+                after = gateway_cpu.cpu_times()
+                cpu_s = (after.user - before.user) + (after.system - before.system)
+                rows.append((name, total, cpu_s / total * 1000, direct, proxied))
+        print(
+            f"\nconcurrency {concurrency}, 4 zero-delay backends, gateway pid {gateway.pid}, "
+            f"{os.cpu_count()} CPUs on this machine"
+        )
+        print(
+            f"{'scenario':<24}{'n':>6}{'gw CPU ms/req':>15}{'direct p50':>12}{'via p50':>10}{'added p50':>11}"
+            f"{'direct p99':>12}{'via p99':>10}{'added p99':>11}{'req/s via':>11}"
+        )
+        for name, total, cpu_ms, direct, proxied in rows:
+            d50, v50, d99, v99 = (
+                x * 1000 for x in (direct.p(0.5), proxied.p(0.5), direct.p(0.99), proxied.p(0.99))
+            )
+            print(
+                f"{name:<24}{total:>6}{cpu_ms:>15.3f}{d50:>12.2f}{v50:>10.2f}{v50 - d50:>11.2f}"
+                f"{d99:>12.2f}{v99:>10.2f}{v99 - d99:>11.2f}{total / proxied.wall_s:>11.0f}"
+            )
+        print("latencies in ms; 'added' = through the gateway minus direct, same run, same client")
+    finally:
+        for process in (gateway, backends):
+            process.terminate()
+            process.wait(timeout=10)
+
+
+async def _drive_direct(
+    session: aiohttp.ClientSession,
+    urls: list[str],
+    body: bytes,
+    headers: dict[str, str],
+    total: int,
+    concurrency: int,
+) -> Result:
+    per = concurrency // len(urls)
+    results = await asyncio.gather(
+        *(drive(session, url, body, headers, total // len(urls), per) for url in urls)
+    )
+    return Result([x for r in results for x in r.latencies_s], max(r.wall_s for r in results))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=4000, help="non-stream requests per side")
+    parser.add_argument("--streams", type=int, default=600, help="streams per side and scenario")
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    parser.add_argument("--gateway", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    runner: Callable[[], Awaitable[None]]
+    if args.backend:
+        import uvloop
+
+        uvloop.run(serve_backends([int(p) for p in args.backend.split(",")]))
+        return 0
+    if args.gateway:
+        serve_gateway(args.gateway)
+        return 0
+    runner = lambda: run(args.concurrency, args.requests, args.streams)  # noqa: E731
+    asyncio.run(runner())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
