@@ -1,0 +1,200 @@
+"""The routing section: which policy picks a replica, how its scorers weigh, and how replicas are
+ramped, ejected and retried.
+
+Frozen and strict like every section: an unknown key, an unknown policy or an unknown scorer name
+fails at start-up and the message lists the names that are known. Scorer names live here, not in
+``routing/``, because configuration may import nothing but pydantic; ``routing.scorers`` keys its
+registry by exactly these names and a unit test keeps the two in step.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SCORER_NAMES: tuple[str, ...] = ("outstanding_tokens", "prefix_locality")
+"""Every scorer a ``scorer_weights`` key may name."""
+
+PolicyName = Literal["kvgate", "round_robin", "least_request"]
+
+
+class RoutingConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    policy: PolicyName = Field(
+        "kvgate",
+        description=(
+            "How a replica is picked: 'kvgate' (filters, then the weighted scorers, then a seeded "
+            "tie-break), 'round_robin' or 'least_request' (fewest resident sequences). "
+            "Default kvgate. Example: round_robin"
+        ),
+    )
+    scorer_weights: dict[str, float] = Field(
+        default_factory=lambda: {"outstanding_tokens": 1.0, "prefix_locality": 1.0},
+        description=(
+            "Weight of each scorer in the kvgate policy's sum, by name; each scorer gives [0, 1]; a "
+            "scorer left out has weight 0. Known names: outstanding_tokens, prefix_locality. "
+            "Default {outstanding_tokens: 1, prefix_locality: 1}. Example: {outstanding_tokens: 2}"
+        ),
+    )
+    bounded_load_factor: float = Field(
+        1.25,
+        gt=1.0,
+        description=(
+            "Prefix affinity is ignored for a replica whose load after taking the request would exceed "
+            "this multiple of the candidates' mean load (ratio). Default 1.25. Example: 1.5"
+        ),
+    )
+    prefix_index_capacity_blocks: int = Field(
+        16_384,
+        gt=0,
+        description=(
+            "Most prompt blocks (16 tokens each) remembered per replica in the prefix index; the "
+            "least recently routed are forgotten first. Default 16384. Example: 32768"
+        ),
+    )
+    sample_size: int = Field(
+        16,
+        ge=0,
+        description=(
+            "With more candidates than this, the kvgate policy scores a seeded sample of this many "
+            "plus the replicas holding the request's longest known prefix (power-of-d choices); 0 "
+            "scores every candidate. Default 16. Example: 32"
+        ),
+    )
+    scrape_stale_s: float = Field(
+        10.0,
+        gt=0,
+        description=(
+            "Seconds after which a replica's scraped /metrics no longer correct kvgate's own load "
+            "accounting; if any candidate's scrape is older or missing, all are scored on kvgate's "
+            "accounting alone. Default 10. Example: 5"
+        ),
+    )
+    warmup_s: float = Field(
+        60.0,
+        ge=0,
+        description=(
+            "Seconds after a replica became ready during which its share of traffic ramps up; 0 "
+            "disables the ramp. Default 60. Example: 120"
+        ),
+    )
+    min_ratio: float = Field(
+        0.1,
+        gt=0,
+        le=1.0,
+        description=(
+            "Smallest ramp weight (ratio) a cold replica gets, so a just-ready replica still sees "
+            "traffic. Default 0.1. Example: 0.05"
+        ),
+    )
+    aggression: float = Field(
+        1.0,
+        gt=0,
+        description=(
+            "Ramp curve exponent: weight = max(min_ratio, (t / warmup_s) ** (1 / aggression)); 1 is "
+            "linear, above 1 rises faster early. Default 1. Example: 2"
+        ),
+    )
+    cold_ttft_factor: float = Field(
+        3.0,
+        gt=1.0,
+        description=(
+            "A replica whose time-to-first-token average exceeds this multiple of the candidates' "
+            "mean is treated as just ready (weight min_ratio). Default 3. Example: 4"
+        ),
+    )
+    probe_interval_s: float = Field(
+        2.0, gt=0, description="Seconds between active /health probes of one replica. Default 2. Example: 5"
+    )
+    unhealthy_threshold: int = Field(
+        3,
+        ge=1,
+        description=(
+            "Consecutive failures (probe failures, connect errors, resets, 5xx) that eject a replica. "
+            "Default 3. Example: 5"
+        ),
+    )
+    healthy_threshold: int = Field(
+        1,
+        ge=1,
+        description=(
+            "Consecutive successes that mark a new or returning replica healthy again. Default 1. Example: 2"
+        ),
+    )
+    ejection_backoff_base_s: float = Field(
+        5.0,
+        gt=0,
+        description=(
+            "Seconds a replica stays ejected the first time; doubles with each ejection in a row. "
+            "Default 5. Example: 10"
+        ),
+    )
+    ejection_backoff_max_s: float = Field(
+        300.0, gt=0, description="Longest ejection in seconds. Default 300. Example: 120"
+    )
+    backpressure_avoid_s: float = Field(
+        1.0,
+        ge=0,
+        description=(
+            "Seconds a replica that answered 429 or 503 is avoided when it gave no Retry-After "
+            "(backpressure, not a failure: it is not ejected). Default 1. Example: 2"
+        ),
+    )
+    backpressure_avoid_max_s: float = Field(
+        10.0,
+        ge=0,
+        description=(
+            "Cap in seconds on a replica's own Retry-After when avoiding it. Default 10. Example: 30"
+        ),
+    )
+    retry_budget_ratio: float = Field(
+        0.2,
+        ge=0,
+        description=(
+            "Retries allowed as a fraction of requests in the budget window (ratio). "
+            "Default 0.2. Example: 0.1"
+        ),
+    )
+    retry_budget_floor: int = Field(
+        3,
+        ge=0,
+        description=(
+            "Retries always allowed in the budget window on top of the ratio, so a quiet gateway can "
+            "still retry. Default 3. Example: 10"
+        ),
+    )
+    retry_budget_window_s: float = Field(
+        10.0, gt=0, description="Sliding window of the retry budget in seconds. Default 10. Example: 30"
+    )
+    max_retries: int = Field(
+        2,
+        ge=0,
+        description=(
+            "Most retries of one request, each on a replica not tried before and only before the "
+            "first byte reached the client. Default 2. Example: 1"
+        ),
+    )
+    seed: int = Field(
+        0,
+        description="Seed of the routing random source (tie-breaks, ramp, sampling). Default 0. Example: 42",
+    )
+
+    @field_validator("scorer_weights")
+    @classmethod
+    def _known_scorers(cls, weights: dict[str, float]) -> dict[str, float]:
+        errors = [f"unknown scorer {name!r}" for name in weights if name not in SCORER_NAMES]
+        errors += [f"scorer {name!r} weight {w} must be >= 0" for name, w in weights.items() if w < 0]
+        if errors:
+            raise ValueError("; ".join(errors) + f" (known scorers: {', '.join(SCORER_NAMES)})")
+        return weights
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RoutingConfig:
+        if self.ejection_backoff_max_s < self.ejection_backoff_base_s:
+            raise ValueError(
+                f"ejection_backoff_max_s ({self.ejection_backoff_max_s} s) must be >= "
+                f"ejection_backoff_base_s ({self.ejection_backoff_base_s} s)"
+            )
+        return self

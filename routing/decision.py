@@ -1,0 +1,36 @@
+"""What a routing decision returns: the replica (or none), why, and how every candidate scored.
+
+The ``reason`` is a short stable label the edge counts in metrics (the decision itself records
+nothing): ``prefix_affinity`` or ``least_load`` from the kvgate policy, ``round_robin`` or
+``least_request`` from the baselines, and when no replica can take the request the binding filter
+(``no_model``, ``unhealthy``, ``not_ready``, ``backoff``, ``no_kv_room``, ``excluded``) or
+``no_replica`` for an empty fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateScore:
+    replica_id: str
+    total: float
+    parts: Mapping[str, float]
+    """Unweighted score of each scorer with a non-zero weight, each in [0, 1]."""
+    load_ratio: float
+    matched_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingDecision:
+    replica_id: str | None
+    reason: str
+    scores: tuple[CandidateScore, ...] = field(default=())
+
+    def score_of(self, replica_id: str) -> CandidateScore | None:
+        for score in self.scores:
+            if score.replica_id == replica_id:
+                return score
+        return None

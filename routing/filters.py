@@ -1,0 +1,62 @@
+"""Which replicas may take a request at all, before any scoring.
+
+A candidate must not be excluded by the caller (a retry goes to a replica not tried before), must
+serve the request's model, be healthy, be ready (it reported healthy at least once; a replica is
+never routable before that), be out of any back-off (ejection or a 429/503 avoid window) and have
+KV room for the request's worst case, asked through ``admission.capacity.fits`` so routing and
+admission cannot disagree. Filters run in that order; when none survive, the reason names the
+furthest filter any candidate reached, which is the constraint actually binding (``no_kv_room``
+tells the caller to queue, ``unhealthy`` that the fleet is down).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from admission.capacity import fits
+from routing.replica import ReplicaView
+from routing.request import RoutingRequest
+
+FILTER_REASONS: tuple[str, ...] = ("excluded", "no_model", "unhealthy", "not_ready", "backoff", "no_kv_room")
+"""Rejection reasons in filter order; a decision with no replica reports one of these or ``no_replica``."""
+NO_REPLICA = "no_replica"
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """The filter chain bound to one request at one instant."""
+
+    request: RoutingRequest
+    now_s: float
+    exclude: Collection[str] = frozenset()
+
+    def rejection(self, view: ReplicaView) -> str | None:
+        """The first filter ``view`` fails, or None if it may take the request."""
+        if view.replica_id in self.exclude:
+            return "excluded"
+        if self.request.model not in view.models:
+            return "no_model"
+        if not view.healthy:
+            return "unhealthy"
+        if view.ready_since_s is None or view.ready_since_s > self.now_s:
+            return "not_ready"
+        if view.backoff_until_s > self.now_s:
+            return "backoff"
+        if not fits(view, self.request.kv_tokens, view.max_sequences):
+            return "no_kv_room"
+        return None
+
+    def admit(self, views: Sequence[ReplicaView]) -> tuple[list[ReplicaView], str]:
+        """The views that pass every filter and, when there are none, the binding reason."""
+        passed: list[ReplicaView] = []
+        furthest = -1
+        for view in views:
+            reason = self.rejection(view)
+            if reason is None:
+                passed.append(view)
+            elif not passed:
+                furthest = max(furthest, FILTER_REASONS.index(reason))
+        if passed:
+            return passed, ""
+        return passed, FILTER_REASONS[furthest] if furthest >= 0 else NO_REPLICA

@@ -1,0 +1,105 @@
+"""kvgate's policy: filters, then weighted scorers in [0, 1], then the best total (seeded ties).
+
+Candidates pass the filters, then the cold-replica ramp keeps each with its slow-start probability,
+then every scorer with a non-zero weight scores the survivors and the picker takes the highest
+weighted sum. Above ``sample_size`` candidates the policy does not look at the whole fleet: it
+scores a seeded sample of ``sample_size`` replicas plus up to ``sample_size`` of the replicas
+holding the request's longest known prefix (found through the index's hash-to-replica map, not a
+scan). Least-load choice over a small random sample is known to balance almost as well as over all
+(power of d choices), and it keeps a decision at a thousand replicas within a few dozen
+microseconds. Load, prefix match and the bounded-load limit are measured over the scored
+candidates only. If no sampled replica passes the filters, the whole fleet is filtered before the
+policy gives up, so sampling never turns a routable request away.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from config.routing import RoutingConfig
+from routing.decision import CandidateScore, RoutingDecision
+from routing.filters import Gate
+from routing.load import load_ratios, within_bound
+from routing.picker import pick_best
+from routing.prefix_index import PrefixIndex
+from routing.ramp import Ramp
+from routing.replica import ReplicaView
+from routing.request import RoutingRequest
+from routing.scorers import SCORERS, ScoringContext
+
+
+class KvgatePolicy:
+    def __init__(self, config: RoutingConfig, rng: random.Random, index: PrefixIndex) -> None:
+        self._rng = rng
+        self._index = index
+        self._weights = {name: w for name, w in config.scorer_weights.items() if w > 0}
+        self._uses_prefix = "prefix_locality" in self._weights
+        self._sample_size = config.sample_size
+        self._stale_s = config.scrape_stale_s
+        self._bounded_load_factor = config.bounded_load_factor
+        self._ramp = Ramp(config.warmup_s, config.min_ratio, config.aggression, config.cold_ttft_factor)
+        self._positions: dict[str, int] = {}
+
+    def pick(self, request: RoutingRequest, replicas: Sequence[ReplicaView], gate: Gate) -> RoutingDecision:
+        window = self._window(request, replicas)
+        passed, reason = gate.admit(window)
+        if not passed and len(window) < len(replicas):
+            passed, reason = gate.admit(replicas)
+        if not passed:
+            return RoutingDecision(None, reason)
+        now_s = gate.now_s
+        candidates = self._ramp.keep(passed, now_s, self._rng)
+        loads = load_ratios(candidates, now_s, self._stale_s)
+        hashes = request.block_hashes
+        if self._uses_prefix and hashes:
+            index = self._index
+            matched = [index.match_blocks(view.replica_id, hashes) for view in candidates]
+        else:
+            matched = [0] * len(candidates)
+        kv_tokens = request.kv_tokens
+        costs = [kv_tokens / view.capacity_kv_tokens for view in candidates]
+        context = ScoringContext(now_s, loads, matched, within_bound(loads, costs, self._bounded_load_factor))
+        parts = {name: SCORERS[name](request, candidates, context) for name in self._weights}
+        totals = [0.0] * len(candidates)
+        for name, weight in self._weights.items():
+            totals = [total + weight * part for total, part in zip(totals, parts[name], strict=True)]
+        chosen = pick_best(totals, self._rng)
+        scores = tuple(
+            CandidateScore(
+                replica_id=view.replica_id,
+                total=totals[i],
+                parts={name: values[i] for name, values in parts.items()},
+                load_ratio=loads[i],
+                matched_blocks=matched[i],
+            )
+            for i, view in enumerate(candidates)
+        )
+        affinity = self._uses_prefix and parts["prefix_locality"][chosen] > 0.0
+        return RoutingDecision(
+            candidates[chosen].replica_id, "prefix_affinity" if affinity else "least_load", scores
+        )
+
+    def _window(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
+        count = len(replicas)
+        size = self._sample_size
+        if size == 0 or count <= size:
+            return replicas
+        positions = set(self._rng.sample(range(count), size))
+        if self._uses_prefix and request.block_hashes:
+            _, holders = self._index.longest_holders(request.block_hashes)
+            if len(holders) > size:
+                holders = tuple(self._rng.sample(holders, size))
+            for replica_id in holders:
+                position = self._position(replicas, replica_id)
+                if position is not None:
+                    positions.add(position)
+        return [replicas[position] for position in sorted(positions)]
+
+    def _position(self, replicas: Sequence[ReplicaView], replica_id: str) -> int | None:
+        """Where ``replica_id`` sits in this snapshot; the map is rebuilt only when the fleet moved."""
+        position = self._positions.get(replica_id)
+        if position is not None and position < len(replicas) and replicas[position].replica_id == replica_id:
+            return position
+        self._positions = {view.replica_id: i for i, view in enumerate(replicas)}
+        return self._positions.get(replica_id)

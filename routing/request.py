@@ -1,0 +1,37 @@
+"""What routing needs to know about one request: its model, its token cost and its prompt's blocks.
+
+The block hashes are the chained hashes of the prompt's full 16-token blocks
+(``routing.prefix_hash.block_hashes``), computed once at the edge from the token ids the tokenizer
+already produced, so prefix matching never sees text. ``kv_tokens`` is the worst case the request
+can occupy: the whole prompt plus every output token it may produce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from routing.prefix_hash import BLOCK_SIZE_TOKENS, block_hashes
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    model: str
+    prompt_tokens: int
+    max_output_tokens: int
+    block_hashes: tuple[int, ...] = ()
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.prompt_tokens + self.max_output_tokens
+
+    @classmethod
+    def from_token_ids(
+        cls, model: str, token_ids: Sequence[int], max_output_tokens: int, block_size: int = BLOCK_SIZE_TOKENS
+    ) -> RoutingRequest:
+        return cls(
+            model=model,
+            prompt_tokens=len(token_ids),
+            max_output_tokens=max_output_tokens,
+            block_hashes=tuple(block_hashes(token_ids, block_size)),
+        )

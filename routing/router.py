@@ -1,0 +1,63 @@
+"""Where one admitted request goes: the entry point the gateway calls for every routing decision.
+
+``Router`` binds the configured policy, the seeded random source and the prefix index. ``choose``
+takes the request, a snapshot of the fleet and the current time, and returns a value: a replica id
+with the reason, or ``None`` with the binding filter as the reason. It performs no I/O, reads no
+clock, draws only from the injected ``random.Random`` and records no metrics; the one thing it
+remembers is what it routed where (the prefix index, updated for the kvgate policy when a replica
+is chosen). A retry passes the replicas already tried as ``exclude``. When a replica vanishes,
+is ejected or restarts, the edge calls ``forget`` so its prefix entries go with it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+
+from config.routing import RoutingConfig
+from routing.decision import RoutingDecision
+from routing.filters import Gate
+from routing.policies.kvgate import KvgatePolicy
+from routing.policies.least_request import LeastRequestPolicy
+from routing.policies.round_robin import RoundRobinPolicy
+from routing.policy import Policy
+from routing.prefix_index import PrefixIndex
+from routing.replica import ReplicaView
+from routing.request import RoutingRequest
+
+
+class Router:
+    def __init__(self, config: RoutingConfig, rng: random.Random) -> None:
+        self._config = config
+        self._index = PrefixIndex(config.prefix_index_capacity_blocks)
+        self._records_prefixes = config.policy == "kvgate"
+        self._policy: Policy
+        if config.policy == "kvgate":
+            self._policy = KvgatePolicy(config, rng, self._index)
+        elif config.policy == "round_robin":
+            self._policy = RoundRobinPolicy()
+        else:
+            self._policy = LeastRequestPolicy(rng)
+
+    @property
+    def config(self) -> RoutingConfig:
+        return self._config
+
+    @property
+    def prefix_index(self) -> PrefixIndex:
+        return self._index
+
+    def choose(
+        self,
+        request: RoutingRequest,
+        replicas: Sequence[ReplicaView],
+        now_s: float,
+        exclude: Collection[str] = frozenset(),
+    ) -> RoutingDecision:
+        decision = self._policy.pick(request, replicas, Gate(request, now_s, exclude))
+        if decision.replica_id is not None and self._records_prefixes and request.block_hashes:
+            self._index.record(decision.replica_id, request.block_hashes)
+        return decision
+
+    def forget(self, replica_id: str) -> None:
+        self._index.remove_replica(replica_id)

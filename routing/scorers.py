@@ -1,0 +1,58 @@
+"""How good each candidate is for one request, as a score in [0, 1] per scorer (higher is better).
+
+Scorers are pure functions over a snapshot: the candidates, and a context holding what several
+scorers share and the policy measured once (load ratios on one like-for-like metric, prefix blocks
+matched in the index, and whether each candidate is within the bounded-load limit). The policy
+adds them with the configured weights. ``outstanding_tokens`` is ``1 - load`` (load capped at 1):
+absolute, not normalised across candidates, so a few tokens of difference cannot swing a whole
+point against prefix locality. ``prefix_locality`` is the matched fraction of the request's blocks,
+and 0 for a candidate that would exceed the bounded load, so one hot system prompt cannot pin all
+traffic to the replicas that hold it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from routing.replica import ReplicaView
+from routing.request import RoutingRequest
+
+
+@dataclass(frozen=True, slots=True)
+class ScoringContext:
+    now_s: float
+    load_ratios: Sequence[float]
+    matched_blocks: Sequence[int]
+    within_bound: Sequence[bool]
+
+
+class Scorer(Protocol):
+    def __call__(
+        self, request: RoutingRequest, candidates: Sequence[ReplicaView], context: ScoringContext
+    ) -> list[float]: ...
+
+
+def outstanding_tokens(
+    request: RoutingRequest, candidates: Sequence[ReplicaView], context: ScoringContext
+) -> list[float]:
+    return [1.0 - min(1.0, load) for load in context.load_ratios]
+
+
+def prefix_locality(
+    request: RoutingRequest, candidates: Sequence[ReplicaView], context: ScoringContext
+) -> list[float]:
+    total_blocks = len(request.block_hashes)
+    if total_blocks == 0:
+        return [0.0] * len(candidates)
+    return [
+        matched / total_blocks if allowed else 0.0
+        for matched, allowed in zip(context.matched_blocks, context.within_bound, strict=True)
+    ]
+
+
+SCORERS: Mapping[str, Scorer] = {
+    "outstanding_tokens": outstanding_tokens,
+    "prefix_locality": prefix_locality,
+}
