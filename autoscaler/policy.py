@@ -1,0 +1,246 @@
+"""Desired replicas per pool from a history of work signals, with the reason of each decision.
+
+Scale-out needs a *conjunction* held without a break for ``scale_out_window_s``: a pool that is
+full (KV occupancy, or for a prefill pool prompt tokens waiting per replica) *and* slow for its
+phase (TTFT for prefill, ITL for decode); high occupancy with fast tokens is a replica efficiently
+full, and slow tokens with free cache is a configuration problem, so either alone is not enough.
+A mixed pool is judged on both phases and takes the larger answer. Admission-queue wait above its
+target is demand the fleet is not serving and scales out on its own. Scale-in needs every phase
+idle and fast for the much longer ``scale_in_window_s``, never within ``scale_down_delay_s`` of a
+scale-out, and removes a smaller step: being short costs client-visible failures, being long costs
+money. Both windows restart at every change, so one decision's effect is observed before the next.
+Token-rate sizing ``N = ceil(R / (C x U_target))`` per phase, with R projected over the cold start
+at the current growth rate (the burst the cold start cannot absorb), and resident sequences over
+per-replica capacity set a floor that applies at once. While asked-for replicas cold-start the
+policy keeps its last answer instead of asking again. Pure: time comes from the samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from autoscaler.signals import PoolSignals
+from config.autoscaler import AutoscalerConfig, PoolPolicy
+from routing.replica import Role
+
+SCALE_OUT_OCCUPANCY_TTFT = "scale_out_occupancy_ttft"
+SCALE_OUT_BACKLOG_TTFT = "scale_out_backlog_ttft"
+SCALE_OUT_OCCUPANCY_ITL = "scale_out_occupancy_itl"
+SCALE_OUT_QUEUE_WAIT = "scale_out_queue_wait"
+SCALE_OUT_TOKEN_RATE = "scale_out_token_rate"
+SCALE_OUT_SEQUENCES = "scale_out_sequences"
+SCALE_IN_IDLE = "scale_in_idle"
+HOLD = "hold"
+HOLD_COLD_START = "hold_cold_start"
+HOLD_STABILIZING = "hold_stabilizing"
+MIN_REPLICAS = "min_replicas"
+MAX_REPLICAS = "max_replicas"
+REASONS = (
+    SCALE_OUT_OCCUPANCY_TTFT,
+    SCALE_OUT_BACKLOG_TTFT,
+    SCALE_OUT_OCCUPANCY_ITL,
+    SCALE_OUT_QUEUE_WAIT,
+    SCALE_OUT_TOKEN_RATE,
+    SCALE_OUT_SEQUENCES,
+    SCALE_IN_IDLE,
+    HOLD,
+    HOLD_COLD_START,
+    HOLD_STABILIZING,
+    MIN_REPLICAS,
+    MAX_REPLICAS,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    pool: str
+    desired_replicas: int
+    reason: str
+    """One of ``REASONS``: bounded, so it can be a metric label."""
+    detail: str = ""
+    """The numbers behind the decision, for logs and humans."""
+
+
+def replicas_for_rate(rate_per_s: float, capacity_per_s: float, utilization_ratio: float) -> int:
+    """``ceil(R / (C x U_target))``: replicas that carry ``rate_per_s`` at the target utilisation."""
+    return math.ceil(rate_per_s / (capacity_per_s * utilization_ratio) - 1e-9)
+
+
+def scale_out_reason(s: PoolSignals, p: PoolPolicy) -> str | None:
+    """The first scale-out rule ``s`` satisfies at its instant, or None."""
+    if s.role in (Role.PREFILL, Role.MIXED) and _slow(s.ttft_p95_s, p.scale_out_ttft_s):
+        if s.role is Role.MIXED and s.kv_occupancy_ratio > p.scale_out_occupancy_ratio:
+            return SCALE_OUT_OCCUPANCY_TTFT
+        if s.role is Role.PREFILL and _prefill_per_replica(s) > p.scale_out_prefill_tokens_per_replica:
+            return SCALE_OUT_BACKLOG_TTFT
+    if (
+        s.role in (Role.DECODE, Role.MIXED)
+        and s.kv_occupancy_ratio > p.scale_out_occupancy_ratio
+        and _slow(s.itl_p95_s, p.scale_out_itl_s)
+    ):
+        return SCALE_OUT_OCCUPANCY_ITL
+    if _slow(s.queue_wait_p95_s, p.scale_out_queue_wait_s):
+        return SCALE_OUT_QUEUE_WAIT
+    return None
+
+
+def idle(s: PoolSignals, p: PoolPolicy) -> bool:
+    """Every phase of the pool is both lightly loaded and fast at ``s``'s instant."""
+    if _slow(s.queue_wait_p95_s, p.scale_in_ttft_s):
+        return False
+    prefill_idle = _fast(s.ttft_p95_s, p.scale_in_ttft_s) and (
+        _prefill_per_replica(s) < p.scale_in_prefill_tokens_per_replica
+        if s.role is Role.PREFILL
+        else s.kv_occupancy_ratio < p.scale_in_occupancy_ratio
+    )
+    decode_idle = s.kv_occupancy_ratio < p.scale_in_occupancy_ratio and _fast(s.itl_p95_s, p.scale_in_itl_s)
+    if s.role is Role.PREFILL:
+        return prefill_idle
+    if s.role is Role.DECODE:
+        return decode_idle
+    return prefill_idle and decode_idle
+
+
+def _slow(value_s: float | None, limit_s: float) -> bool:
+    return value_s is not None and value_s > limit_s
+
+
+def _fast(value_s: float | None, limit_s: float) -> bool:
+    return value_s is None or value_s < limit_s
+
+
+def _prefill_per_replica(s: PoolSignals) -> float:
+    return s.prompt_tokens_queued / max(1, s.replicas_ready)
+
+
+class PoolAutoscaler:
+    """The policy for one pool: feed it samples in time order, read a recommendation per sample."""
+
+    def __init__(self, pool: str, policy: PoolPolicy) -> None:
+        self.pool = pool
+        self.policy = policy
+        self._rates: deque[tuple[float, float, float]] = deque()
+        self._out_since_s: float | None = None
+        self._out_reason: str | None = None
+        self._in_since_s: float | None = None
+        self._desired: int | None = None
+        self._last_change_s = -math.inf
+        self._last_out_s = -math.inf
+
+    def update(self, s: PoolSignals) -> Recommendation:
+        p = self.policy
+        now_s = s.time_s
+        self._track(s)
+        in_flight = self._desired is not None and now_s - self._last_change_s < p.cold_start_s
+        base = self._desired if in_flight and self._desired is not None else s.replicas_current
+        floor, floor_reason, floor_detail = self._floor(s)
+        out_held_s = self._held_s(self._out_since_s, now_s)
+        in_held_s = self._held_s(self._in_since_s, now_s)
+        detail = (
+            f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
+            f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
+            f"queue_wait_p95={_fmt(s.queue_wait_p95_s)} {floor_detail}"
+        )
+        desired, reason = base, HOLD
+        if self._out_reason is not None and out_held_s >= p.scale_out_window_s:
+            cold = now_s - self._last_out_s < p.cold_start_s and s.replicas_ready < base
+            if cold:
+                reason = HOLD_COLD_START
+            else:
+                desired = max(base + max(1, math.ceil(base * p.scale_out_step_ratio)), floor)
+                reason = self._out_reason
+        if reason == HOLD and floor > base:
+            desired, reason = floor, floor_reason
+        if reason == HOLD and self._in_since_s is not None and in_held_s >= p.scale_in_window_s:
+            if now_s - self._last_out_s < p.scale_down_delay_s:
+                reason = HOLD_STABILIZING
+            elif base > max(floor, p.min_replicas):
+                desired = max(base - max(1, math.floor(base * p.scale_in_step_ratio)), floor)
+                reason = SCALE_IN_IDLE
+        if desired > p.max_replicas:
+            desired, reason = p.max_replicas, MAX_REPLICAS
+        if desired < p.min_replicas:
+            desired, reason = p.min_replicas, MIN_REPLICAS
+        self._record(desired, s.replicas_current, now_s)
+        return Recommendation(self.pool, desired, reason, detail)
+
+    def _track(self, s: PoolSignals) -> None:
+        p = self.policy
+        out = scale_out_reason(s, p)
+        if out is None:
+            self._out_since_s = None
+        elif self._out_since_s is None:
+            self._out_since_s = s.time_s
+        self._out_reason = out
+        if not idle(s, p):
+            self._in_since_s = None
+        elif self._in_since_s is None:
+            self._in_since_s = s.time_s
+        self._rates.append((s.time_s, s.prompt_tokens_per_s, s.output_tokens_per_s))
+        while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
+            self._rates.popleft()
+
+    def _held_s(self, since_s: float | None, now_s: float) -> float:
+        """How long a condition has held, counting only since the last change of replicas."""
+        if since_s is None:
+            return -math.inf
+        return now_s - max(since_s, self._last_change_s)
+
+    def _projected(self, index: int) -> float:
+        """The rate at ``index`` (1 prompt, 2 output) expected one cold start from now."""
+        first, last = self._rates[0], self._rates[-1]
+        span_s = last[0] - first[0]
+        growth = (last[index] - first[index]) / span_s if span_s > 0 else 0.0
+        return last[index] + max(0.0, growth) * self.policy.cold_start_s
+
+    def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
+        p = self.policy
+        best, reason, parts = 0, SCALE_OUT_TOKEN_RATE, []
+        if p.prefill_capacity_tokens_per_s is not None and s.role in (Role.PREFILL, Role.MIXED):
+            rate = self._projected(1)
+            n = replicas_for_rate(rate, p.prefill_capacity_tokens_per_s, p.target_utilization_ratio)
+            parts.append(f"prefill_rate_projected={rate:.0f}/s->{n}")
+            best = max(best, n)
+        if p.decode_capacity_tokens_per_s is not None and s.role in (Role.DECODE, Role.MIXED):
+            rate = self._projected(2)
+            n = replicas_for_rate(rate, p.decode_capacity_tokens_per_s, p.target_utilization_ratio)
+            parts.append(f"decode_rate_projected={rate:.0f}/s->{n}")
+            best = max(best, n)
+        if p.decode_sequences_per_replica is not None and s.role in (Role.DECODE, Role.MIXED):
+            n = math.ceil(s.resident_sequences / p.decode_sequences_per_replica)
+            parts.append(f"resident_sequences={s.resident_sequences}->{n}")
+            if n > best:
+                best, reason = n, SCALE_OUT_SEQUENCES
+        return best, reason, " ".join(parts)
+
+    def _record(self, desired: int, current: int, now_s: float) -> None:
+        previous = self._desired if self._desired is not None else current
+        if desired != previous:
+            self._last_change_s = now_s
+            if desired > previous:
+                self._last_out_s = now_s
+        self._desired = desired
+
+
+def _fmt(value_s: float | None) -> str:
+    return "none" if value_s is None else f"{value_s:.3f}s"
+
+
+class Autoscaler:
+    """One ``PoolAutoscaler`` per pool, created on the pool's first sample."""
+
+    def __init__(self, config: AutoscalerConfig) -> None:
+        self.config = config
+        self._pools: dict[str, PoolAutoscaler] = {}
+
+    def update(self, samples: Iterable[PoolSignals]) -> list[Recommendation]:
+        recommendations = []
+        for s in samples:
+            pool = self._pools.get(s.pool)
+            if pool is None:
+                pool = self._pools[s.pool] = PoolAutoscaler(s.pool, self.config.policy_for(s.pool))
+            recommendations.append(pool.update(s))
+        return recommendations

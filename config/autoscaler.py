@@ -1,0 +1,179 @@
+"""The autoscaling policy's configuration: one frozen section, every field with unit, default, example.
+
+Defaults are the work-based policy from the design: scale out by 25 % when KV occupancy is above
+0.8 *and* TTFT p95 above 1.5 s for 60 s; scale in by 10 % when occupancy is below 0.35 *and* TTFT
+p95 below 0.4 s for 600 s. Token-rate sizing is off until per-replica capacities are measured and
+configured (a guessed capacity would drive the fleet on a made-up number). ``pools`` overrides the
+whole policy for named pools; every other pool uses ``policy``.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class PoolPolicy(BaseModel):
+    model_config = _FROZEN
+
+    min_replicas: int = Field(default=1, ge=0, description="Fewest replicas. Default 1. Example: 2")
+    max_replicas: int = Field(default=16, ge=1, description="Most replicas. Default 16. Example: 64")
+
+    scale_out_occupancy_ratio: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="KV occupancy above which a pool is full, 0..1. Default 0.8. Example: 0.85",
+    )
+    scale_out_ttft_s: float = Field(
+        default=1.5,
+        gt=0,
+        description="TTFT p95 above which prefill is too slow, seconds. Default 1.5. Example: 2.0",
+    )
+    scale_out_itl_s: float = Field(
+        default=0.1,
+        gt=0,
+        description="ITL p95 above which decode is too slow, seconds. Default 0.1. Example: 0.05",
+    )
+    scale_out_queue_wait_s: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Admission-queue wait p95 above which demand exceeds the fleet whatever the other signals say, "
+            "seconds. Default 2. Example: 5"
+        ),
+    )
+    scale_out_prefill_tokens_per_replica: int = Field(
+        default=16384,
+        gt=0,
+        description=(
+            "Prompt tokens waiting per ready replica above which a prefill pool is backlogged, tokens. "
+            "Default 16384. Example: 32768"
+        ),
+    )
+    scale_out_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a scale-out condition must hold without a break. Default 60. Example: 30",
+    )
+    scale_out_step_ratio: float = Field(
+        default=0.25,
+        gt=0,
+        description="Fraction of current replicas added per scale-out (at least one). Default 0.25.",
+    )
+
+    scale_in_occupancy_ratio: float = Field(
+        default=0.35,
+        ge=0,
+        le=1,
+        description="KV occupancy below which a pool is idle, 0..1. Default 0.35. Example: 0.3",
+    )
+    scale_in_ttft_s: float = Field(
+        default=0.4, gt=0, description="TTFT p95 below which prefill is fast, seconds. Default 0.4."
+    )
+    scale_in_itl_s: float = Field(
+        default=0.03, gt=0, description="ITL p95 below which decode is fast, seconds. Default 0.03."
+    )
+    scale_in_prefill_tokens_per_replica: int = Field(
+        default=2048,
+        ge=0,
+        description="Prompt tokens waiting per ready replica below which prefill is idle. Default 2048.",
+    )
+    scale_in_window_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Seconds a scale-in condition must hold without a break. Default 600. Example: 900",
+    )
+    scale_in_step_ratio: float = Field(
+        default=0.10,
+        gt=0,
+        lt=1,
+        description="Fraction of current replicas removed per scale-in (at least one). Default 0.1.",
+    )
+    scale_down_delay_s: float = Field(
+        default=300.0,
+        ge=0,
+        description=(
+            "Seconds after any scale-out before a scale-in may happen (stabilisation). "
+            "Default 300. Example: 600"
+        ),
+    )
+
+    target_utilization_ratio: float = Field(
+        default=0.75,
+        gt=0,
+        le=1,
+        description="U_target in N = ceil(R / (C x U_target)), 0..1. Default 0.75. Example: 0.7",
+    )
+    prefill_capacity_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "C for prefill: prompt tokens/s one replica sustains; None disables. Default None. Example: 20000"
+        ),
+    )
+    decode_capacity_tokens_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "C for decode: output tokens/s one replica sustains; None disables. Default None. Example: 2500"
+        ),
+    )
+    decode_sequences_per_replica: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Resident sequences one decode replica holds within its ITL target; None disables. "
+            "Default None. Example: 64"
+        ),
+    )
+    cold_start_s: float = Field(
+        default=120.0,
+        ge=0,
+        description=(
+            "Seconds from asking for a replica to it serving at speed. Sizes headroom (growth rate x "
+            "cold start) and how long the policy waits for asked-for replicas before asking again. "
+            "Default 120. Example: 300"
+        ),
+    )
+    growth_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds over which the token-rate growth is measured. Default 60. Example: 30",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PoolPolicy:
+        problems = []
+        if self.min_replicas > self.max_replicas:
+            problems.append(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        if self.scale_in_occupancy_ratio >= self.scale_out_occupancy_ratio:
+            problems.append("scale_in_occupancy_ratio must be below scale_out_occupancy_ratio (ratio)")
+        if self.scale_in_ttft_s >= self.scale_out_ttft_s:
+            problems.append("scale_in_ttft_s must be below scale_out_ttft_s (seconds)")
+        if self.scale_in_itl_s >= self.scale_out_itl_s:
+            problems.append("scale_in_itl_s must be below scale_out_itl_s (seconds)")
+        if self.scale_in_prefill_tokens_per_replica >= self.scale_out_prefill_tokens_per_replica:
+            problems.append(
+                "scale_in_prefill_tokens_per_replica must be below scale_out_prefill_tokens_per_replica"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class AutoscalerConfig(BaseModel):
+    model_config = _FROZEN
+
+    interval_s: float = Field(
+        default=15.0, gt=0, description="Seconds between two reads of the signals. Default 15. Example: 5"
+    )
+    policy: PoolPolicy = Field(default_factory=PoolPolicy, description="Policy for every pool not in pools.")
+    pools: dict[str, PoolPolicy] = Field(
+        default_factory=dict,
+        description="Per-pool policies by pool name. Default {}. Example: {decode: {max_replicas: 8}}",
+    )
+
+    def policy_for(self, pool: str) -> PoolPolicy:
+        return self.pools.get(pool, self.policy)

@@ -1,0 +1,263 @@
+from __future__ import annotations
+
+import ast
+import itertools
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autoscaler.policy import (
+    HOLD,
+    HOLD_COLD_START,
+    HOLD_STABILIZING,
+    MAX_REPLICAS,
+    MIN_REPLICAS,
+    SCALE_IN_IDLE,
+    SCALE_OUT_BACKLOG_TTFT,
+    SCALE_OUT_OCCUPANCY_ITL,
+    SCALE_OUT_OCCUPANCY_TTFT,
+    SCALE_OUT_QUEUE_WAIT,
+    SCALE_OUT_SEQUENCES,
+    SCALE_OUT_TOKEN_RATE,
+    Autoscaler,
+    PoolAutoscaler,
+    Recommendation,
+    replicas_for_rate,
+)
+from autoscaler.signals import PoolSignals
+from config.autoscaler import AutoscalerConfig, PoolPolicy
+from routing.replica import Role
+
+STEP_S = 15.0
+HOT: dict[str, Any] = {"kv_occupancy_ratio": 0.9, "ttft_p95_s": 2.0}
+IDLE: dict[str, Any] = {"kv_occupancy_ratio": 0.2, "ttft_p95_s": 0.1, "itl_p95_s": 0.01}
+
+
+def sig(t: float, pool: str = "chat", role: Role = Role.MIXED, replicas: int = 4, **kw: Any) -> PoolSignals:
+    values: dict[str, Any] = {
+        "kv_occupancy_ratio": 0.5,
+        "ttft_p95_s": 0.8,
+        "itl_p95_s": 0.05,
+        "queue_wait_p95_s": None,
+        "prompt_tokens_queued": 0,
+        "resident_sequences": 0,
+        "prompt_tokens_per_s": 0.0,
+        "output_tokens_per_s": 0.0,
+        "replicas_ready": replicas,
+    }
+    values.update(kw)
+    return PoolSignals(time_s=t, pool=pool, role=role, replicas_current=replicas, **values)
+
+
+def run(scaler: PoolAutoscaler, start_s: float, end_s: float, **kw: Any) -> list[Recommendation]:
+    """Feed one sample every STEP_S from start_s to end_s inclusive, replicas following the advice."""
+    out = []
+    t = start_s
+    replicas = kw.pop("replicas", 4)
+    while t <= end_s:
+        rec = scaler.update(sig(t, replicas=replicas, **kw))
+        out.append(rec)
+        replicas = rec.desired_replicas
+        t += STEP_S
+    return out
+
+
+def policy(**kw: Any) -> PoolPolicy:
+    return PoolPolicy(**kw)
+
+
+def test_scale_out_needs_both_occupancy_and_ttft() -> None:
+    only_full = run(PoolAutoscaler("chat", policy()), 0, 600, kv_occupancy_ratio=0.95, ttft_p95_s=0.5)
+    only_slow = run(PoolAutoscaler("chat", policy()), 0, 600, kv_occupancy_ratio=0.5, ttft_p95_s=5.0)
+    both = run(PoolAutoscaler("chat", policy()), 0, 60, **HOT)
+    assert {r.desired_replicas for r in only_full + only_slow} == {4}
+    assert [r.desired_replicas for r in both] == [4, 4, 4, 4, 5]
+    assert both[-1].reason == SCALE_OUT_OCCUPANCY_TTFT
+
+
+def test_scale_out_window_restarts_on_a_break() -> None:
+    scaler = PoolAutoscaler("chat", policy())
+    recs = run(scaler, 0, 45, **HOT)
+    recs.append(scaler.update(sig(60, kv_occupancy_ratio=0.7, ttft_p95_s=2.0)))
+    recs += run(scaler, 75, 120, **HOT)
+    assert all(r.desired_replicas == 4 for r in recs)
+    assert scaler.update(sig(135, **HOT)).desired_replicas == 5
+
+
+def test_scale_in_is_slower_and_smaller_than_scale_out() -> None:
+    out = run(PoolAutoscaler("chat", policy()), 0, 600, replicas=8, **HOT)
+    first_out = next(r for r in out if r.desired_replicas != 8)
+    assert first_out.desired_replicas == 10
+    recs = run(PoolAutoscaler("chat", policy()), 0, 1200, replicas=10, **IDLE)
+    times = [i * STEP_S for i, r in enumerate(recs) if r.reason == SCALE_IN_IDLE]
+    assert times[0] == 600
+    assert recs[int(600 / STEP_S)].desired_replicas == 9
+    assert times[1] - times[0] >= 600
+    out_time = next(i for i, r in enumerate(out) if r.desired_replicas != 8) * STEP_S
+    assert out_time < times[0]
+
+
+def test_scale_in_needs_both_low_occupancy_and_fast_ttft() -> None:
+    slow = run(PoolAutoscaler("chat", policy()), 0, 1800, replicas=6, kv_occupancy_ratio=0.1, ttft_p95_s=0.9)
+    full = run(PoolAutoscaler("chat", policy()), 0, 1800, replicas=6, kv_occupancy_ratio=0.5, ttft_p95_s=0.1)
+    assert {r.desired_replicas for r in slow + full} == {6}
+
+
+def test_no_scale_in_within_scale_down_delay_of_a_scale_out() -> None:
+    scaler = PoolAutoscaler("chat", policy(scale_in_window_s=60, scale_down_delay_s=600, cold_start_s=0))
+    out = run(scaler, 0, 60, **HOT)
+    assert out[-1].desired_replicas == 5
+    later = run(scaler, 75, 900, replicas=5, **IDLE)
+    assert any(r.reason == HOLD_STABILIZING for r in later)
+    first_in = next(i for i, r in enumerate(later) if r.reason == SCALE_IN_IDLE)
+    assert 75 + first_in * STEP_S >= 60 + 600
+
+
+def test_min_and_max_bound_every_answer() -> None:
+    p = policy(min_replicas=3, max_replicas=5)
+    below = PoolAutoscaler("chat", p).update(sig(0, replicas=1))
+    assert (below.desired_replicas, below.reason) == (3, MIN_REPLICAS)
+    hot = run(PoolAutoscaler("chat", replace_cold(p)), 0, 3600, replicas=4, **HOT)
+    assert max(r.desired_replicas for r in hot) == 5
+    assert hot[-1].reason == MAX_REPLICAS
+    idle = run(PoolAutoscaler("chat", p), 0, 36000, replicas=5, **IDLE)
+    assert min(r.desired_replicas for r in idle) == 3
+
+
+def replace_cold(p: PoolPolicy) -> PoolPolicy:
+    return p.model_copy(update={"cold_start_s": 0.0})
+
+
+def test_noisy_signal_does_not_flap() -> None:
+    rng = random.Random(7)
+    scaler = PoolAutoscaler("chat", policy(cold_start_s=0))
+    replicas, history = 4, []
+    for i in range(int(4 * 3600 / STEP_S)):
+        t = i * STEP_S
+        hot = (t // 90) % 2 == 0
+        occupancy = (0.88 if hot else 0.2) + rng.uniform(-0.07, 0.07)
+        ttft = (2.0 if hot else 0.2) * rng.uniform(0.6, 1.6)
+        rec = scaler.update(sig(t, replicas=replicas, kv_occupancy_ratio=occupancy, ttft_p95_s=ttft))
+        replicas = rec.desired_replicas
+        history.append(replicas)
+    assert max(history) > 4
+    assert all(b >= a for a, b in itertools.pairwise(history)), "never scales back in"
+
+
+def test_prefill_and_decode_pools_decide_separately() -> None:
+    a = Autoscaler(AutoscalerConfig(policy=policy(cold_start_s=0)))
+    recs: list[Recommendation] = []
+    for i in range(5):
+        t = i * STEP_S
+        prefill = sig(
+            t, "prefill", Role.PREFILL, ttft_p95_s=3.0, prompt_tokens_queued=4 * 20000, itl_p95_s=None
+        )
+        decode = sig(t, "decode", Role.DECODE, kv_occupancy_ratio=0.95, ttft_p95_s=3.0, itl_p95_s=0.02)
+        recs = a.update([prefill, decode])
+    assert (recs[0].desired_replicas, recs[0].reason) == (5, SCALE_OUT_BACKLOG_TTFT)
+    assert (recs[1].desired_replicas, recs[1].reason) == (4, HOLD), "decode is full but fast: no scale-out"
+
+    hot_decode = run(
+        PoolAutoscaler("decode", policy()), 0, 60, role=Role.DECODE, kv_occupancy_ratio=0.9, itl_p95_s=0.3
+    )
+    assert (hot_decode[-1].desired_replicas, hot_decode[-1].reason) == (5, SCALE_OUT_OCCUPANCY_ITL)
+    slow_prefill_no_backlog = run(PoolAutoscaler("p", policy()), 0, 300, role=Role.PREFILL, ttft_p95_s=3.0)
+    assert {r.desired_replicas for r in slow_prefill_no_backlog} == {4}
+
+
+def test_mixed_pool_takes_the_larger_phase_answer() -> None:
+    decode_hot = run(
+        PoolAutoscaler("m", policy()), 0, 60, kv_occupancy_ratio=0.9, ttft_p95_s=0.1, itl_p95_s=0.3
+    )
+    assert (decode_hot[-1].desired_replicas, decode_hot[-1].reason) == (5, SCALE_OUT_OCCUPANCY_ITL)
+    decode_slow = run(
+        PoolAutoscaler("m", policy()),
+        0,
+        1800,
+        replicas=6,
+        kv_occupancy_ratio=0.2,
+        ttft_p95_s=0.1,
+        itl_p95_s=0.06,
+    )
+    assert {r.desired_replicas for r in decode_slow} == {6}, "prefill idle but decode not fast: no scale-in"
+
+
+def test_queue_wait_scales_out_on_its_own() -> None:
+    recs = run(PoolAutoscaler("chat", policy()), 0, 60, queue_wait_p95_s=5.0, kv_occupancy_ratio=0.5)
+    assert (recs[-1].desired_replicas, recs[-1].reason) == (5, SCALE_OUT_QUEUE_WAIT)
+
+
+def test_token_rate_sizing_applies_at_once() -> None:
+    assert replicas_for_rate(60000, 10000, 0.75) == 8
+    assert replicas_for_rate(7500, 10000, 0.75) == 1
+    p = policy(prefill_capacity_tokens_per_s=10000, decode_capacity_tokens_per_s=1000, growth_window_s=60)
+    rec = PoolAutoscaler("chat", p).update(sig(0, prompt_tokens_per_s=60000, output_tokens_per_s=1500))
+    assert (rec.desired_replicas, rec.reason) == (8, SCALE_OUT_TOKEN_RATE)
+    decode = PoolAutoscaler("d", p).update(
+        sig(0, role=Role.DECODE, prompt_tokens_per_s=60000, output_tokens_per_s=3000)
+    )
+    assert decode.desired_replicas == 4, "a decode pool ignores the prompt rate"
+
+
+def test_growth_headroom_covers_the_cold_start() -> None:
+    p = policy(prefill_capacity_tokens_per_s=10000, cold_start_s=60, growth_window_s=60)
+    steady = PoolAutoscaler("chat", p)
+    growing = PoolAutoscaler("chat", p)
+    for i in range(5):
+        steady_rec = steady.update(sig(i * STEP_S, prompt_tokens_per_s=22500))
+        growing_rec = growing.update(sig(i * STEP_S, prompt_tokens_per_s=22500 - (4 - i) * 1500))
+    assert steady_rec.desired_replicas == 4
+    assert growing_rec.desired_replicas == replicas_for_rate(22500 + 100 * 60, 10000, 0.75)
+
+
+def test_resident_sequences_floor_for_decode() -> None:
+    p = policy(decode_sequences_per_replica=32)
+    rec = PoolAutoscaler("d", p).update(sig(0, role=Role.DECODE, resident_sequences=200))
+    assert (rec.desired_replicas, rec.reason) == (7, SCALE_OUT_SEQUENCES)
+
+
+def test_waits_for_cold_starting_replicas_before_asking_again() -> None:
+    scaler = PoolAutoscaler("chat", policy(cold_start_s=300))
+    recs = run(scaler, 0, 60, **HOT)
+    assert recs[-1].desired_replicas == 5
+    during = [scaler.update(sig(t, replicas=4, replicas_ready=4, **HOT)) for t in (75, 90, 135, 180)]
+    assert [r.desired_replicas for r in during] == [5, 5, 5, 5], "keeps asking for 5 while it comes up"
+    assert during[-1].reason == HOLD_COLD_START
+    after = [scaler.update(sig(t, replicas=5, replicas_ready=5, **HOT)) for t in range(375, 500, 15)]
+    assert after[-1].desired_replicas == 7
+
+
+def test_policy_rejects_inverted_thresholds() -> None:
+    with pytest.raises(ValueError, match="min_replicas"):
+        PoolPolicy(min_replicas=5, max_replicas=2)
+    with pytest.raises(ValueError, match="scale_in_ttft_s"):
+        PoolPolicy(scale_in_ttft_s=2.0)
+    config = AutoscalerConfig(pools={"decode": PoolPolicy(max_replicas=3)})
+    assert config.policy_for("decode").max_replicas == 3
+    assert config.policy_for("other") == PoolPolicy()
+
+
+def test_autoscaler_package_is_pure() -> None:
+    forbidden = {
+        "asyncio",
+        "time",
+        "random",
+        "aiohttp",
+        "httpx",
+        "fastapi",
+        "starlette",
+        "redis",
+        "prometheus_client",
+    }
+    for path in (Path(__file__).parents[2] / "autoscaler").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            for name in names:
+                assert name.split(".")[0] not in forbidden, f"{path} imports {name}"
