@@ -1,0 +1,152 @@
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from gateway.metrics import COUNTERS, HISTOGRAMS, WORK_GAUGES, GatewayMetrics
+from gateway.signals import ModelWork, PoolWork, ReplicaWork
+from routing.replica import Role
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class StaticWork:
+    def __init__(self, pools: list[PoolWork]) -> None:
+        self.pools = pools
+
+    def pool_work(self) -> Iterable[PoolWork]:
+        return self.pools
+
+
+def busy_pools() -> list[PoolWork]:
+    return [
+        PoolWork(
+            "prefill",
+            Role.PREFILL,
+            (ModelWork(MODEL, queued_requests=2, queued_prompt_tokens=3000, pending_prompt_tokens=1000),),
+            (ReplicaWork("http://p0:8000", 10000, 0.2, 0.1, ready=True),),
+        ),
+        PoolWork(
+            "decode",
+            Role.DECODE,
+            (ModelWork(MODEL, resident_sequences=5, remaining_decode_tokens=2500),),
+            (
+                ReplicaWork("http://d0:8000", 30000, 0.9, 0.8, ready=True),
+                ReplicaWork("http://d1:8000", 10000, 0.1, None, ready=True, warming=True),
+            ),
+        ),
+    ]
+
+
+def populated(clock: FakeClock | None = None) -> GatewayMetrics:
+    """A GatewayMetrics with every metric carrying at least one sample."""
+    metrics = GatewayMetrics(StaticWork(busy_pools()), clock=clock or FakeClock())
+    for pool in ("prefill", "decode"):
+        metrics.observe_ttft(pool, MODEL, 0.4)
+        metrics.observe_itl(pool, MODEL, 0.02)
+        metrics.observe_queue_wait(pool, MODEL, 0.1)
+        metrics.observe_e2e(pool, MODEL, 3.0)
+        metrics.count_tokens(pool, MODEL, 120, 30)
+        metrics.count_decision("admit", "fits", pool=pool, model=MODEL)
+        metrics.set_desired_replicas(pool, 3, "hold")
+    metrics.count_decision("reject", "queue_full", pool="decode", model=MODEL)
+    metrics.observe_tokenizer_ratio(MODEL, 98, 100)
+    return metrics
+
+
+def samples(metrics: GatewayMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def value(series: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    matches = [v for lbl, v in series[name] if all(lbl.get(k) == want for k, want in labels.items())]
+    assert len(matches) == 1, (name, labels, series.get(name))
+    return matches[0]
+
+
+def test_every_declared_series_is_exported() -> None:
+    series = samples(populated())
+    for name in WORK_GAUGES + COUNTERS:
+        assert name in series, name
+    for name in HISTOGRAMS:
+        for suffix in ("_bucket", "_sum", "_count"):
+            assert name + suffix in series, name + suffix
+
+
+def test_work_gauges_report_the_source_state() -> None:
+    series = samples(populated())
+    assert value(series, "kvgate_prefill_work_tokens", pool="prefill", model=MODEL) == 4000
+    assert value(series, "kvgate_queued_prompt_tokens", pool="prefill") == 3000
+    assert value(series, "kvgate_remaining_decode_tokens", pool="decode") == 2500
+    assert value(series, "kvgate_resident_sequences", pool="decode") == 5
+    est = value(series, "kvgate_pool_kv_occupancy_ratio", pool="decode", source="estimate")
+    assert abs(est - (30000 * 0.9 + 10000 * 0.1) / 40000) < 1e-9
+    assert value(series, "kvgate_pool_kv_occupancy_ratio", pool="decode", source="scraped") == 0.8
+    assert (
+        value(series, "kvgate_replica_kv_occupancy_ratio", replica="http://d0:8000", source="scraped") == 0.8
+    )
+    assert ("http://d1:8000", "scraped") not in {
+        (lbl["replica"], lbl["source"]) for lbl, _ in series["kvgate_replica_kv_occupancy_ratio"]
+    }
+    assert value(series, "kvgate_replica_warming", replica="http://d1:8000") == 1
+    assert value(series, "kvgate_pool_replicas", pool="decode", state="ready") == 2
+
+
+def test_work_gauges_follow_the_source_down_to_zero() -> None:
+    source = StaticWork(busy_pools())
+    metrics = GatewayMetrics(source, clock=FakeClock())
+    assert value(samples(metrics), "kvgate_resident_sequences", pool="decode") == 5
+    source.pools = [PoolWork(p.pool, p.role, (ModelWork(MODEL),), p.replicas) for p in busy_pools()]
+    series = samples(metrics)
+    for name in ("kvgate_prefill_work_tokens", "kvgate_resident_sequences", "kvgate_remaining_decode_tokens"):
+        assert {v for _, v in series[name]} == {0.0}
+
+
+def test_counters_and_histograms_count_events() -> None:
+    series = samples(populated())
+    assert value(series, "kvgate_admission_decisions_total", pool="decode", decision="reject") == 1
+    assert value(series, "kvgate_prompt_tokens_total", pool="decode") == 120
+    assert value(series, "kvgate_output_tokens_total", pool="prefill") == 30
+    assert value(series, "kvgate_time_to_first_token_seconds_count", pool="decode") == 1
+    assert value(series, "kvgate_time_to_first_token_seconds_bucket", pool="decode", le="0.5") == 1
+    assert value(series, "kvgate_time_to_first_token_seconds_bucket", pool="decode", le="0.25") == 0
+    assert value(series, "kvgate_tokenizer_estimate_ratio_sum", model=MODEL) == 0.98
+
+
+def test_desired_replicas_keeps_only_the_last_reason() -> None:
+    metrics = populated()
+    metrics.set_desired_replicas("decode", 5, "scale_out_occupancy_itl")
+    series = samples(metrics)
+    assert value(series, "kvgate_autoscaler_desired_replicas", pool="decode") == 5
+    reasons = [
+        lbl["reason"] for lbl, _ in series["kvgate_autoscaler_decision_info"] if lbl["pool"] == "decode"
+    ]
+    assert reasons == ["scale_out_occupancy_itl"]
+
+
+def test_instances_do_not_share_a_registry() -> None:
+    a, b = populated(), GatewayMetrics()
+    assert "kvgate_prompt_tokens_total" in samples(a)
+    assert "kvgate_prompt_tokens_total" not in samples(b)
+
+
+def test_labelled_children_are_cached() -> None:
+    metrics = populated()
+    before = len(metrics._children)
+    for _ in range(100):
+        metrics.observe_ttft("decode", MODEL, 0.1)
+        metrics.count_tokens("decode", MODEL, 1, 1)
+    assert len(metrics._children) == before

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from gateway.signals import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, pool_signals
+from routing.replica import Role
+from tests.unit.test_metrics import FakeClock, populated
+
+
+def exact_quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
+
+
+def test_latency_quantile_is_within_one_bin_of_exact() -> None:
+    rng = random.Random(3)
+    window = LatencyWindow(60.0)
+    values = [rng.lognormvariate(-1.0, 1.0) for _ in range(5000)]
+    for i, v in enumerate(values):
+        window.observe(v, now_s=i * 0.01)
+    estimate = window.quantile(0.95, now_s=50.0)
+    exact = exact_quantile(values, 0.95)
+    assert estimate is not None
+    assert exact <= estimate <= exact * 1.05
+
+
+def test_latency_samples_leave_the_window() -> None:
+    window = LatencyWindow(60.0)
+    window.observe(10.0, now_s=0.0)
+    window.observe(0.1, now_s=30.0)
+    assert window.quantile(0.95, now_s=59.0) == pytest.approx(10.0, rel=0.05)
+    assert window.quantile(0.95, now_s=61.0) == pytest.approx(0.1, rel=0.05)
+    assert window.quantile(0.95, now_s=120.0) is None
+
+
+def test_bins_cover_llm_latencies() -> None:
+    assert BIN_UPPER_BOUNDS[0] <= 0.001
+    assert BIN_UPPER_BOUNDS[-1] >= 3600
+
+
+def test_rates_use_elapsed_time_until_the_window_fills() -> None:
+    window = CountWindow(60.0)
+    for t in range(10):
+        window.add(100, now_s=float(t))
+    assert window.rate_per_s(now_s=10.0) == pytest.approx(100.0)
+    for t in range(10, 120):
+        window.add(100, now_s=float(t))
+    assert window.rate_per_s(now_s=119.5) == pytest.approx(100.0)
+    assert window.rate_per_s(now_s=150.0) == pytest.approx(100 * 29 / 60)
+    assert window.rate_per_s(now_s=400.0) == 0.0
+
+
+def test_snapshot_carries_work_latency_and_rates() -> None:
+    clock = FakeClock()
+    metrics = populated(clock)
+    clock.now_s += 2.0
+    doc = metrics.signals_doc()
+    assert doc["window_s"] == 60.0
+    decode = doc["pools"]["decode"]
+    assert decode["role"] == "decode"
+    assert (decode["replicas_current"], decode["replicas_ready"], decode["replicas_warming"]) == (2, 2, 1)
+    assert decode["resident_sequences"] == 5
+    assert decode["remaining_decode_tokens"] == 2500
+    assert decode["kv_occupancy_scraped_ratio"] == 0.8
+    assert decode["ttft_p95_s"] == pytest.approx(0.4, rel=0.05)
+    assert decode["itl_p95_s"] == pytest.approx(0.02, rel=0.05)
+    assert decode["prompt_tokens_per_s"] == pytest.approx(120 / 2.0)
+    assert decode["decisions"] == {"admit": 1, "reject": 1}
+    assert (decode["desired_replicas"], decode["desired_reason"]) == (3, "hold")
+    assert doc["pools"]["prefill"]["queued_prompt_tokens"] == 3000
+    clock.now_s += 120.0
+    later = metrics.signals_doc()["pools"]["decode"]
+    assert later["ttft_p95_s"] is None
+    assert later["prompt_tokens_per_s"] == 0.0
+    assert later["resident_sequences"] == 5, "work is state, not a windowed event"
+
+
+def test_policy_input_prefers_the_scraped_occupancy() -> None:
+    doc = populated().signals_doc()
+    by_pool = {s.pool: s for s in pool_signals(doc, time_s=42.0)}
+    assert by_pool["decode"].kv_occupancy_ratio == 0.8
+    assert by_pool["decode"].role is Role.DECODE
+    assert by_pool["prefill"].prompt_tokens_queued == 4000
+    assert by_pool["prefill"].time_s == 42.0
+    doc["pools"]["decode"]["kv_occupancy_scraped_ratio"] = None
+    fallback = {s.pool: s for s in pool_signals(doc, time_s=42.0)}["decode"]
+    assert fallback.kv_occupancy_ratio == pytest.approx(0.7)
