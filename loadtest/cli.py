@@ -1,0 +1,148 @@
+"""``kvgate loadtest``: play a workload against a target (or compare several) and write a report.
+
+``register`` adds the subcommand to the ``kvgate`` parser; each handler returns the exit status:
+0 when the run finished, 1 when it could not start (bad workload, target unreachable), 2 when
+``--fail-below-goodput`` was given and goodput fell short of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from loadtest.client import RetryPolicy
+from loadtest.compare import ratio_lines, ratios, run_compare, summaries_for
+from loadtest.report import Slo, summarize, summary_table, write_report
+from loadtest.runner import RunOptions, Target, run
+from loadtest.workload import PRESETS, Trace, Workload, build_trace, load_workload, with_overrides
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "loadtest",
+        help="drive an OpenAI-compatible target with a token-aware workload and report goodput",
+        description="Drive a gateway (or anything OpenAI-compatible) and write report.md, results.json "
+        "and plots. Use `kvgate loadtest compare` to interleave one trace over several targets.",
+    )
+    _add_common(parser)
+    parser.add_argument("--target", help="base URL, e.g. http://127.0.0.1:8080 (a trailing /v1 is fine)")
+    parser.set_defaults(func=main_run, targets=None)
+    commands = parser.add_subparsers(dest="loadtest_command")
+    compare = commands.add_parser(
+        "compare",
+        help="one trace against several targets, interleaved, with ratios against a baseline",
+        description="Cut one trace into slices and play each slice against every target in rotating "
+        "order (AB, BA, ...); print goodput, TTFT p95 and reject ratios against --baseline.",
+    )
+    _add_common(compare)
+    compare.add_argument(
+        "--target",
+        dest="targets",
+        action="append",
+        required=True,
+        metavar="NAME=URL",
+        help="a target to compare; repeat for each (e.g. --target rr=http://... --target kv=http://...)",
+    )
+    compare.add_argument("--baseline", help="target name ratios are taken against (default: the first)")
+    compare.add_argument("--slices", type=int, default=4, help="interleaving slices (default 4)")
+    compare.set_defaults(func=main_compare)
+    return parser
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workload", default="chat", help=f"preset ({', '.join(PRESETS)}) or YAML file (default chat)"
+    )
+    parser.add_argument("--duration", type=float, dest="duration_s", help="seconds of arrivals")
+    parser.add_argument("--rate", type=float, dest="rate_rps", help="open loop: requests/s (base rate)")
+    parser.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    parser.add_argument("--requests", type=int, dest="max_requests", help="cap on the trace's requests")
+    parser.add_argument("--seed", type=int, default=0, help="fixes the trace (default 0)")
+    parser.add_argument("--model", help="model name (default: first of GET /v1/models)")
+    parser.add_argument("--slo-ttft-s", type=float, help="TTFT target for goodput (default: workload's)")
+    parser.add_argument("--slo-itl-s", type=float, help="mean ITL target for goodput (default: workload's)")
+    parser.add_argument("--retry", action="store_true", help="honour Retry-After like the OpenAI SDK")
+    parser.add_argument("--max-retries", type=int, default=2, help="retry budget per request (default 2)")
+    parser.add_argument("--out", type=Path, default=Path("loadtest-report"), help="report directory")
+    parser.add_argument("--no-progress", action="store_true", help="no live progress line on stderr")
+    parser.add_argument(
+        "--fail-below-goodput", type=float, metavar="RATIO", help="exit 2 when goodput ratio is below this"
+    )
+
+
+def _prepare(args: argparse.Namespace) -> tuple[Workload, Trace, RunOptions, Slo]:
+    workload = with_overrides(
+        load_workload(args.workload),
+        duration_s=args.duration_s,
+        rate_rps=args.rate_rps,
+        concurrency=args.concurrency,
+        max_requests=args.max_requests,
+        slo_ttft_s=args.slo_ttft_s,
+        slo_itl_s=args.slo_itl_s,
+    )
+    trace = build_trace(workload, args.seed)
+    options = RunOptions(
+        retry=RetryPolicy(max_retries=args.max_retries) if args.retry else None,
+        progress=None if args.no_progress else sys.stderr,
+    )
+    return workload, trace, options, Slo(workload.slo_ttft_s, workload.slo_itl_s)
+
+
+def main_run(args: argparse.Namespace) -> int:
+    if not args.target:
+        print("kvgate loadtest: --target URL is required", file=sys.stderr)
+        return 1
+    try:
+        _, trace, options, slo = _prepare(args)
+        target = Target(name="target", url=args.target, model=args.model)
+        result = asyncio.run(run(target, trace, options))
+    except (ValueError, OSError, aiohttp.ClientError) as exc:
+        print(f"kvgate loadtest: {exc}", file=sys.stderr)
+        return 1
+    paths = write_report(args.out, trace, [result], slo)
+    summary = summarize(result, slo)
+    print(summary_table([summary]))
+    for warning in summary.warnings():
+        print(f"warning: {warning}")
+    print(f"report: {paths[0]}")
+    return _exit_status(args, [summary.goodput_ratio])
+
+
+def main_compare(args: argparse.Namespace) -> int:
+    try:
+        targets = [_parse_target(spec, args.model) for spec in args.targets]
+        baseline = args.baseline or targets[0].name
+        _, trace, options, slo = _prepare(args)
+        results = asyncio.run(run_compare(targets, trace, options, slice_count=args.slices))
+        summaries = summaries_for(results, slo)
+        table = ratios(summaries, baseline)
+    except (ValueError, OSError, aiohttp.ClientError) as exc:
+        print(f"kvgate loadtest compare: {exc}", file=sys.stderr)
+        return 1
+    paths = write_report(args.out, trace, results, slo, ratios=table, baseline=baseline)
+    print(summary_table(summaries))
+    for summary in summaries:
+        for warning in summary.warnings():
+            print(f"warning ({summary.target}): {warning}")
+    print("\n".join(ratio_lines(table, baseline)))
+    print(f"report: {paths[0]}")
+    return _exit_status(args, [s.goodput_ratio for s in summaries])
+
+
+def _parse_target(spec: str, model: str | None) -> Target:
+    name, sep, url = spec.partition("=")
+    if not sep or not name or not url:
+        raise ValueError(f"--target wants NAME=URL, got {spec!r}")
+    return Target(name=name, url=url, model=model)
+
+
+def _exit_status(args: argparse.Namespace, goodput_ratios: list[float]) -> int:
+    floor = args.fail_below_goodput
+    if floor is not None and any(ratio < floor for ratio in goodput_ratios):
+        return 2
+    return 0
