@@ -1,0 +1,89 @@
+"""The values the admission decision speaks in: what is asked, and the three possible answers.
+
+``Admit`` carries the replicas that can take the request (routing picks one), ``Queue`` a ticket
+the edge waits on, ``Reject`` an HTTP status, a reason from a closed set (metrics count by it), a
+message for the client and, for overload, a Retry-After. Overload is an expected outcome, so it is
+a value, never an exception.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from admission.cost import CostEstimate
+from admission.retry_after import RetryAfter
+from admission.tenants import Tenant
+from routing.replica import ReplicaView
+
+
+class RejectReason(StrEnum):
+    KV_CAPACITY = "kv_capacity"
+    QUEUE_FULL = "queue_full"
+    TENANT_BUDGET = "tenant_budget"
+    DEADLINE = "deadline"
+    NO_REPLICA = "no_replica"
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    request_id: str
+    tenant: Tenant
+    cost: CostEstimate
+    client_timeout_s: float | None = None
+    """The client's own timeout from a deadline header (``client_timeout_s`` in admission.deadline)."""
+
+    @property
+    def model(self) -> str:
+        return self.cost.model
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    candidates: tuple[ReplicaView, ...]
+    """Replicas with room for the worst case and a free sequence slot, most room first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Queue:
+    ticket: int
+    expected_wait_s: float
+    expires_at_s: float
+    """The request leaves the queue with a 429 (``expire``) if not dispatched by then."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    status: int
+    reason: RejectReason
+    message: str
+    retry_after: RetryAfter | None = None
+
+    @property
+    def retry_after_s(self) -> int | None:
+        return None if self.retry_after is None else self.retry_after.seconds
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after is None else self.retry_after.headers()
+
+
+Decision = Admit | Queue | Reject
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """A queued request that may now go: route it among ``candidates`` and reserve."""
+
+    ticket: int
+    request: AdmissionRequest
+    candidates: tuple[ReplicaView, ...]
+    enqueued_at_s: float
+    expires_at_s: float
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Expired:
+    ticket: int
+    request: AdmissionRequest
+    reject: Reject

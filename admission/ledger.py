@@ -1,0 +1,209 @@
+"""Reservations: the worst-case work kvgate has sent to each replica and not yet seen finish.
+
+An admitted request reserves ``prompt + max_output`` KV tokens on one replica. Until its first
+token it also counts its prompt as pending prefill work; afterwards it is a resident sequence whose
+remaining decode work is ``max_output - produced``. The reservation ends exactly once, whatever
+ends the request (completion, error, client disconnect, replica death, or an expired lease): every
+mutator is idempotent and answers whether it changed anything, so duplicate or out-of-order events
+(a late token count after release, a second release) leave the totals alone. Invariant: with no
+reservation held every total is zero.
+
+The ``Ledger`` Protocol is the seam for a shared ledger (several gateway processes): each
+reservation carries a lease that its holder renews, and ``expire`` drops reservations whose holder
+stopped renewing, so a crashed gateway's reservations do not leak capacity forever.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from admission.cost import CostEstimate
+from routing.replica import ReplicaLoad
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    request_id: str
+    replica_id: str
+    cost: CostEstimate
+    reserved_at_s: float
+    lease_expires_at_s: float
+    first_token_seen: bool = False
+    produced_tokens: int = 0
+
+    @property
+    def prefill_tokens_pending(self) -> int:
+        return 0 if self.first_token_seen else self.cost.prompt_tokens
+
+    @property
+    def remaining_decode_tokens(self) -> int:
+        return self.cost.max_output_tokens - self.produced_tokens
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.cost.kv_tokens
+
+
+class Ledger(Protocol):
+    def reserve(self, request_id: str, replica_id: str, cost: CostEstimate, now_s: float) -> bool:
+        """Hold ``cost`` on ``replica_id``; False (nothing changes) if ``request_id`` already holds one."""
+        ...
+
+    def first_token(self, request_id: str) -> bool:
+        """Prefill done: its prompt no longer counts as pending prefill."""
+        ...
+
+    def produced(self, request_id: str, produced_tokens: int) -> bool:
+        """``produced_tokens`` is the running total generated so far (not an increment), so a
+        repeated or reordered report cannot double-count; it implies the first token."""
+        ...
+
+    def release(self, request_id: str) -> bool:
+        """End the reservation; True only for the call that ended it."""
+        ...
+
+    def renew(self, request_id: str, now_s: float) -> bool: ...
+
+    def expire(self, now_s: float) -> list[Reservation]:
+        """Release every reservation whose lease ran out by ``now_s``; returns them."""
+        ...
+
+    def release_replica(self, replica_id: str) -> list[Reservation]:
+        """The replica died: release everything held on it; returns what was released."""
+        ...
+
+    def get(self, request_id: str) -> Reservation | None: ...
+
+    def resident(self, replica_id: str) -> list[Reservation]: ...
+
+    def load(self, replica_id: str) -> ReplicaLoad: ...
+
+    def totals(self) -> ReplicaLoad: ...
+
+
+class InMemoryLedger:
+    """One process's ledger. Aggregates per replica are kept incrementally: ``load`` is O(1)."""
+
+    def __init__(self, lease_s: float = 600.0) -> None:
+        if lease_s <= 0:
+            raise ValueError(f"lease_s must be > 0 seconds, got {lease_s}")
+        self.lease_s = lease_s
+        self._held: dict[str, Reservation] = {}
+        self._by_replica: dict[str, dict[str, Reservation]] = {}
+        self._loads: dict[str, ReplicaLoad] = {}
+        self._leases: list[tuple[float, str]] = []
+
+    def reserve(self, request_id: str, replica_id: str, cost: CostEstimate, now_s: float) -> bool:
+        if request_id in self._held:
+            return False
+        held = Reservation(request_id, replica_id, cost, now_s, now_s + self.lease_s)
+        self._put(held)
+        self._add(replica_id, held, +1)
+        self._push_lease(held)
+        return True
+
+    def first_token(self, request_id: str) -> bool:
+        held = self._held.get(request_id)
+        if held is None or held.first_token_seen:
+            return False
+        self._update(held, replace(held, first_token_seen=True))
+        return True
+
+    def produced(self, request_id: str, produced_tokens: int) -> bool:
+        held = self._held.get(request_id)
+        if held is None:
+            return False
+        total = min(max(produced_tokens, held.produced_tokens), held.cost.max_output_tokens)
+        if total == held.produced_tokens and (held.first_token_seen or produced_tokens <= 0):
+            return False
+        self._update(held, replace(held, produced_tokens=total, first_token_seen=True))
+        return True
+
+    def release(self, request_id: str) -> bool:
+        held = self._held.pop(request_id, None)
+        if held is None:
+            return False
+        del self._by_replica[held.replica_id][request_id]
+        self._add(held.replica_id, held, -1)
+        return True
+
+    def renew(self, request_id: str, now_s: float) -> bool:
+        held = self._held.get(request_id)
+        if held is None:
+            return False
+        renewed = replace(held, lease_expires_at_s=now_s + self.lease_s)
+        self._put(renewed)
+        self._push_lease(renewed)
+        return True
+
+    def expire(self, now_s: float) -> list[Reservation]:
+        expired: list[Reservation] = []
+        while self._leases and self._leases[0][0] <= now_s:
+            expires_at_s, request_id = heapq.heappop(self._leases)
+            held = self._held.get(request_id)
+            if held is not None and held.lease_expires_at_s == expires_at_s and self.release(request_id):
+                expired.append(held)
+        return expired
+
+    def release_replica(self, replica_id: str) -> list[Reservation]:
+        gone = list(self._by_replica.get(replica_id, {}).values())
+        return [held for held in gone if self.release(held.request_id)]
+
+    def get(self, request_id: str) -> Reservation | None:
+        return self._held.get(request_id)
+
+    def resident(self, replica_id: str) -> list[Reservation]:
+        return list(self._by_replica.get(replica_id, {}).values())
+
+    def load(self, replica_id: str) -> ReplicaLoad:
+        return self._loads.get(replica_id, _EMPTY)
+
+    def totals(self) -> ReplicaLoad:
+        total = _EMPTY
+        for load in self._loads.values():
+            total = _sum(total, load, +1)
+        return total
+
+    def _push_lease(self, held: Reservation) -> None:
+        if len(self._leases) > 4 * len(self._held) + 1024:
+            self._leases = [(h.lease_expires_at_s, h.request_id) for h in self._held.values()]
+            heapq.heapify(self._leases)
+        else:
+            heapq.heappush(self._leases, (held.lease_expires_at_s, held.request_id))
+
+    def _put(self, held: Reservation) -> None:
+        self._held[held.request_id] = held
+        self._by_replica.setdefault(held.replica_id, {})[held.request_id] = held
+
+    def _update(self, old: Reservation, new: Reservation) -> None:
+        self._add(old.replica_id, old, -1)
+        self._put(new)
+        self._add(new.replica_id, new, +1)
+
+    def _add(self, replica_id: str, held: Reservation, sign: int) -> None:
+        one = ReplicaLoad(
+            prefill_tokens_pending=held.prefill_tokens_pending,
+            resident_sequences=1,
+            remaining_decode_tokens=held.remaining_decode_tokens,
+            reserved_kv_tokens=held.kv_tokens,
+        )
+        load = _sum(self._loads.get(replica_id, _EMPTY), one, sign)
+        if load == _EMPTY:
+            self._loads.pop(replica_id, None)
+            self._by_replica.pop(replica_id, None)
+        else:
+            self._loads[replica_id] = load
+
+
+_EMPTY = ReplicaLoad()
+
+
+def _sum(a: ReplicaLoad, b: ReplicaLoad, sign: int) -> ReplicaLoad:
+    return ReplicaLoad(
+        prefill_tokens_pending=a.prefill_tokens_pending + sign * b.prefill_tokens_pending,
+        resident_sequences=a.resident_sequences + sign * b.resident_sequences,
+        remaining_decode_tokens=a.remaining_decode_tokens + sign * b.remaining_decode_tokens,
+        reserved_kv_tokens=a.reserved_kv_tokens + sign * b.reserved_kv_tokens,
+    )

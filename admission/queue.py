@@ -1,0 +1,189 @@
+"""The bounded wait queue: who goes next when capacity frees up.
+
+Order: strict priority class first; within a class, fairness across tenants by tokens with a
+virtual token counter per tenant (a tenant's counter grows by ``kv_tokens / weight`` of each request
+it gets dispatched, the tenant with the smallest counter goes next, and a tenant that was idle is
+lifted to the smallest counter among waiting tenants so idle time banks no credit); within a
+tenant, arrival order. Under contention each tenant's share of dispatched tokens converges to its
+share of the weights, so a tenant sending 30k-token prompts cannot starve one sending 50-token chats.
+
+Head of line: ``walk`` visits entries in that order and lets an entry that does not fit be bypassed
+by later ones that do, but only until it has waited ``hold_after_s``; from then on nothing behind it
+is dispatched, so capacity accumulates for it as resident work drains. Small requests are never
+blocked for longer than that hold, and a large one waits at most the hold plus one drain.
+
+Bounds are in requests and in KV tokens (prompt + max output). Removal by ticket is immediate (a
+disconnected client's request stops counting at once); deadlines are kept in a heap.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from admission.decision import AdmissionRequest
+from routing.replica import ReplicaView
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    ticket: int
+    request: AdmissionRequest
+    enqueued_at_s: float
+    expires_at_s: float
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.request.cost.kv_tokens
+
+    @property
+    def rank(self) -> int:
+        return self.request.tenant.priority.rank
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    requests: int
+    kv_tokens: int
+    prompt_tokens: int
+    oldest_wait_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    placed: list[tuple[QueuedRequest, tuple[ReplicaView, ...]]]
+    ahead: list[QueuedRequest]
+    """Entries visited before ``stop_at`` (all of them when not given), placed or not."""
+    holding: QueuedRequest | None
+    """The aged entry that capacity is being held for, if any."""
+
+
+Place = Callable[[QueuedRequest], tuple[ReplicaView, ...]]
+"""Tries to place an entry on the simulated fleet; the candidates it fits on, or () if none."""
+
+
+class WaitQueue:
+    def __init__(self, max_requests: int, max_kv_tokens: int, hold_after_s: float) -> None:
+        self.max_requests = max_requests
+        self.max_kv_tokens = max_kv_tokens
+        self.hold_after_s = hold_after_s
+        self._classes: dict[int, dict[str, dict[int, QueuedRequest]]] = {}
+        self._entries: dict[int, QueuedRequest] = {}
+        self._counters: dict[str, float] = {}
+        self._deadlines: list[tuple[float, int]] = []
+        self._kv_tokens = 0
+        self._prompt_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, ticket: int) -> bool:
+        return ticket in self._entries
+
+    def has_room(self, kv_tokens: int) -> bool:
+        return len(self._entries) < self.max_requests and self._kv_tokens + kv_tokens <= self.max_kv_tokens
+
+    def push(self, entry: QueuedRequest) -> None:
+        tenants = self._classes.setdefault(entry.rank, {})
+        name = entry.request.tenant.name
+        if not any(name in t for t in self._classes.values()):
+            waiting = [self._counters.get(n, 0.0) for t in self._classes.values() for n in t]
+            if waiting:
+                self._counters[name] = max(self._counters.get(name, 0.0), min(waiting))
+        mine = tenants.setdefault(name, {})
+        last = next(reversed(mine), None)
+        mine[entry.ticket] = entry
+        if last is not None and last > entry.ticket:
+            tenants[name] = dict(sorted(mine.items()))
+        self._entries[entry.ticket] = entry
+        self._kv_tokens += entry.kv_tokens
+        self._prompt_tokens += entry.request.cost.prompt_tokens
+        heapq.heappush(self._deadlines, (entry.expires_at_s, entry.ticket))
+
+    def remove(self, ticket: int) -> QueuedRequest | None:
+        entry = self._entries.pop(ticket, None)
+        if entry is None:
+            return None
+        tenants = self._classes[entry.rank]
+        name = entry.request.tenant.name
+        del tenants[name][ticket]
+        if not tenants[name]:
+            del tenants[name]
+            if not tenants:
+                del self._classes[entry.rank]
+        self._kv_tokens -= entry.kv_tokens
+        self._prompt_tokens -= entry.request.cost.prompt_tokens
+        if not self._entries:
+            self._deadlines.clear()
+        return entry
+
+    def charge(self, tenant_name: str, weight: float, kv_tokens: int) -> None:
+        """Count ``kv_tokens`` of service against the tenant's virtual counter."""
+        self._counters[tenant_name] = self._counters.get(tenant_name, 0.0) + kv_tokens / weight
+
+    def refund(self, tenant_name: str, weight: float, kv_tokens: int) -> None:
+        self._counters[tenant_name] = self._counters.get(tenant_name, 0.0) - kv_tokens / weight
+
+    def counter(self, tenant_name: str) -> float:
+        return self._counters.get(tenant_name, 0.0)
+
+    def expire(self, now_s: float) -> list[QueuedRequest]:
+        expired: list[QueuedRequest] = []
+        while self._deadlines and self._deadlines[0][0] <= now_s:
+            _, ticket = heapq.heappop(self._deadlines)
+            entry = self.remove(ticket)
+            if entry is not None:
+                expired.append(entry)
+        return expired
+
+    def walk(self, now_s: float, place: Place, stop_at: int | None = None) -> Walk:
+        """Visit entries in dispatch order, placing what fits (nothing is removed or charged)."""
+        placed: list[tuple[QueuedRequest, tuple[ReplicaView, ...]]] = []
+        ahead: list[QueuedRequest] = []
+        holding: QueuedRequest | None = None
+        for entry in self._order(placed):
+            if entry.ticket == stop_at:
+                if holding is None:
+                    candidates = place(entry)
+                    if candidates:
+                        placed.append((entry, candidates))
+                break
+            ahead.append(entry)
+            if holding is not None:
+                continue
+            candidates = place(entry)
+            if candidates:
+                placed.append((entry, candidates))
+            elif now_s - entry.enqueued_at_s >= self.hold_after_s:
+                holding = entry
+        return Walk(placed, ahead, holding)
+
+    def _order(self, placed: list[tuple[QueuedRequest, tuple[ReplicaView, ...]]]) -> Iterator[QueuedRequest]:
+        """Dispatch order. Counters advance, for this walk only, as entries in ``placed`` are placed."""
+        counters = dict(self._counters)
+        for rank in sorted(self._classes):
+            cursors = {name: iter(list(entries.values())) for name, entries in self._classes[rank].items()}
+            heads: list[tuple[float, int, str, QueuedRequest]] = []
+            for name, cursor in cursors.items():
+                first = next(cursor, None)
+                if first is not None:
+                    heads.append((counters.get(name, 0.0), first.ticket, name, first))
+            heapq.heapify(heads)
+            while heads:
+                _, _, name, entry = heapq.heappop(heads)
+                seen = len(placed)
+                yield entry
+                if len(placed) > seen:
+                    tenant = entry.request.tenant
+                    counters[name] = counters.get(name, 0.0) + entry.kv_tokens / tenant.weight
+                following = next(cursors[name], None)
+                if following is not None:
+                    heapq.heappush(heads, (counters.get(name, 0.0), following.ticket, name, following))
+
+    def entries(self) -> list[QueuedRequest]:
+        return list(self._entries.values())
+
+    def stats(self, now_s: float) -> QueueStats:
+        oldest = min((e.enqueued_at_s for e in self._entries.values()), default=now_s)
+        return QueueStats(len(self._entries), self._kv_tokens, self._prompt_tokens, now_s - oldest)

