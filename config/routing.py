@@ -23,7 +23,7 @@ class RoutingConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     policy: PolicyName = Field(
-        "kvgate",
+        default="kvgate",
         description=(
             "How a replica is picked: 'kvgate' (filters, then the weighted scorers, then a seeded "
             "tie-break), 'round_robin' or 'least_request' (fewest resident sequences). "
@@ -39,7 +39,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     bounded_load_factor: float = Field(
-        1.25,
+        default=1.25,
         gt=1.0,
         description=(
             "Prefix affinity is ignored for a replica whose load after taking the request would exceed "
@@ -47,7 +47,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     prefix_index_capacity_blocks: int = Field(
-        16_384,
+        default=16_384,
         gt=0,
         description=(
             "Most prompt blocks (16 tokens each) remembered per replica in the prefix index; the "
@@ -55,7 +55,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     sample_size: int = Field(
-        16,
+        default=16,
         ge=0,
         description=(
             "With more candidates than this, the kvgate policy scores a seeded sample of this many "
@@ -64,7 +64,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     scrape_stale_s: float = Field(
-        10.0,
+        default=10.0,
         gt=0,
         description=(
             "Seconds after which a replica's scraped /metrics no longer correct kvgate's own load "
@@ -73,7 +73,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     warmup_s: float = Field(
-        60.0,
+        default=60.0,
         ge=0,
         description=(
             "Seconds after a replica became ready during which its share of traffic ramps up; 0 "
@@ -81,7 +81,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     min_ratio: float = Field(
-        0.1,
+        default=0.1,
         gt=0,
         le=1.0,
         description=(
@@ -90,7 +90,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     aggression: float = Field(
-        1.0,
+        default=1.0,
         gt=0,
         description=(
             "Ramp curve exponent: weight = max(min_ratio, (t / warmup_s) ** (1 / aggression)); 1 is "
@@ -98,7 +98,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     cold_ttft_factor: float = Field(
-        3.0,
+        default=3.0,
         gt=1.0,
         description=(
             "A replica whose time-to-first-token average exceeds this multiple of the candidates' "
@@ -106,10 +106,12 @@ class RoutingConfig(BaseModel):
         ),
     )
     probe_interval_s: float = Field(
-        2.0, gt=0, description="Seconds between active /health probes of one replica. Default 2. Example: 5"
+        default=2.0,
+        gt=0,
+        description="Seconds between active /health probes of one replica. Default 2. Example: 5",
     )
     unhealthy_threshold: int = Field(
-        3,
+        default=3,
         ge=1,
         description=(
             "Consecutive failures (probe failures, connect errors, resets, 5xx) that eject a replica. "
@@ -117,14 +119,14 @@ class RoutingConfig(BaseModel):
         ),
     )
     healthy_threshold: int = Field(
-        1,
+        default=1,
         ge=1,
         description=(
             "Consecutive successes that mark a new or returning replica healthy again. Default 1. Example: 2"
         ),
     )
     ejection_backoff_base_s: float = Field(
-        5.0,
+        default=5.0,
         gt=0,
         description=(
             "Seconds a replica stays ejected the first time; doubles with each ejection in a row. "
@@ -132,10 +134,10 @@ class RoutingConfig(BaseModel):
         ),
     )
     ejection_backoff_max_s: float = Field(
-        300.0, gt=0, description="Longest ejection in seconds. Default 300. Example: 120"
+        default=300.0, gt=0, description="Longest ejection in seconds. Default 300. Example: 120"
     )
     backpressure_avoid_s: float = Field(
-        1.0,
+        default=1.0,
         ge=0,
         description=(
             "Seconds a replica that answered 429 or 503 is avoided when it gave no Retry-After "
@@ -143,14 +145,14 @@ class RoutingConfig(BaseModel):
         ),
     )
     backpressure_avoid_max_s: float = Field(
-        10.0,
+        default=10.0,
         ge=0,
         description=(
             "Cap in seconds on a replica's own Retry-After when avoiding it. Default 10. Example: 30"
         ),
     )
     retry_budget_ratio: float = Field(
-        0.2,
+        default=0.2,
         ge=0,
         description=(
             "Retries allowed as a fraction of requests in the budget window (ratio). "
@@ -158,7 +160,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     retry_budget_floor: int = Field(
-        3,
+        default=3,
         ge=0,
         description=(
             "Retries always allowed in the budget window on top of the ratio, so a quiet gateway can "
@@ -166,10 +168,12 @@ class RoutingConfig(BaseModel):
         ),
     )
     retry_budget_window_s: float = Field(
-        10.0, gt=0, description="Sliding window of the retry budget in seconds. Default 10. Example: 30"
+        default=10.0,
+        gt=0,
+        description="Sliding window of the retry budget in seconds. Default 10. Example: 30",
     )
     max_retries: int = Field(
-        2,
+        default=2,
         ge=0,
         description=(
             "Most retries of one request, each on a replica not tried before and only before the "
@@ -177,7 +181,7 @@ class RoutingConfig(BaseModel):
         ),
     )
     seed: int = Field(
-        0,
+        default=0,
         description="Seed of the routing random source (tie-breaks, ramp, sampling). Default 0. Example: 42",
     )
 

@@ -86,6 +86,10 @@ class PrefixIndex:
         for h in blocks:
             self._drop_holder(h, replica_id)
 
+    def holds(self, replica_id: str, block_hash: int) -> bool:
+        blocks = self._by_replica.get(replica_id)
+        return blocks is not None and block_hash in blocks
+
     def size_blocks(self, replica_id: str) -> int:
         blocks = self._by_replica.get(replica_id)
         return len(blocks) if blocks is not None else 0

@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from routing.filters import Gate
+from routing.load import load_ratios, within_bound
+from routing.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
+from routing.request import RoutingRequest
+
+MODEL = "m"
+REQUEST = RoutingRequest(MODEL, prompt_tokens=1_000, max_output_tokens=1_000)
+
+
+def view(replica_id: str = "a", **changes: object) -> ReplicaView:
+    base = ReplicaView(
+        replica_id=replica_id,
+        url=f"http://{replica_id}",
+        pool="default",
+        role=Role.MIXED,
+        models=frozenset({MODEL}),
+        capacity_kv_tokens=10_000,
+        max_sequences=4,
+        healthy=True,
+        ready_since_s=0.0,
+        load=ReplicaLoad(),
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason"),
+    [
+        ({}, None),
+        ({"models": frozenset({"other"})}, "no_model"),
+        ({"healthy": False}, "unhealthy"),
+        ({"ready_since_s": None}, "not_ready"),
+        ({"ready_since_s": 11.0}, "not_ready"),
+        ({"backoff_until_s": 10.5}, "backoff"),
+        ({"backoff_until_s": 10.0}, None),
+        ({"load": ReplicaLoad(reserved_kv_tokens=8_001, resident_sequences=1)}, "no_kv_room"),
+        ({"load": ReplicaLoad(reserved_kv_tokens=8_000, resident_sequences=1)}, None),
+        ({"load": ReplicaLoad(resident_sequences=4)}, "no_kv_room"),
+    ],
+)
+def test_each_filter(changes: dict[str, Any], reason: str | None) -> None:
+    assert Gate(REQUEST, now_s=10.0).rejection(view(**changes)) == reason
+
+
+def test_excluded_replica_is_rejected_first() -> None:
+    assert Gate(REQUEST, 10.0, exclude={"a"}).rejection(view(healthy=False)) == "excluded"
+
+
+def test_empty_result_names_the_binding_filter() -> None:
+    gate = Gate(REQUEST, now_s=10.0)
+    full = ReplicaLoad(reserved_kv_tokens=9_500, resident_sequences=1)
+    assert gate.admit([view("a", healthy=False), view("b", load=full)]) == ([], "no_kv_room")
+    assert gate.admit([view("a", healthy=False), view("b", ready_since_s=None)]) == ([], "not_ready")
+    assert gate.admit([]) == ([], "no_replica")
+    passed, reason = gate.admit([view("a", healthy=False), view("b")])
+    assert [v.replica_id for v in passed] == ["b"] and reason == ""
+
+
+def scraped(usage: float, waiting: int, at_s: float) -> ScrapedMetrics:
+    return ScrapedMetrics(usage, 1, waiting, None, None, at_s)
+
+
+def test_own_load_is_outstanding_tokens_over_capacity() -> None:
+    loaded = view(load=ReplicaLoad(prefill_tokens_pending=1_000, remaining_decode_tokens=1_500))
+    assert load_ratios([loaded], now_s=0.0, stale_s=5.0) == [0.25]
+
+
+def test_fresh_scrapes_correct_own_accounting_upward() -> None:
+    busy_elsewhere = view("a", scraped=scraped(0.5, 2, at_s=9.0))
+    quiet = view("b", load=ReplicaLoad(remaining_decode_tokens=5_000), scraped=scraped(0.1, 0, at_s=9.0))
+    assert load_ratios([busy_elsewhere, quiet], now_s=10.0, stale_s=5.0) == [1.0, 0.5]
+
+
+def test_one_stale_scrape_puts_every_candidate_on_own_accounting() -> None:
+    fresh = view("a", scraped=scraped(0.9, 3, at_s=9.0))
+    stale = view("b", load=ReplicaLoad(remaining_decode_tokens=2_000), scraped=scraped(0.0, 0, at_s=1.0))
+    missing = view("c", load=ReplicaLoad(remaining_decode_tokens=1_000))
+    assert load_ratios([fresh, stale], now_s=10.0, stale_s=5.0) == [0.0, 0.2]
+    assert load_ratios([fresh, missing], now_s=10.0, stale_s=5.0) == [0.0, 0.1]
+
+
+def test_bound_counts_the_request_in_the_mean() -> None:
+    assert within_bound([0.0, 0.0, 0.0], [0.1, 0.1, 0.1], 1.25) == [True, True, True]
+    assert within_bound([0.3, 0.1, 0.1], [0.1, 0.1, 0.1], 1.25) == [False, True, True]
+    assert within_bound([0.2, 0.2, 0.2], [0.1, 0.1, 0.1], 1.25) == [True, True, True]

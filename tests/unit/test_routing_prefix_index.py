@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from routing.prefix_hash import block_hashes
+from routing.prefix_index import PrefixIndex
+
+
+def chain(prefix: int, blocks: int) -> list[int]:
+    """Block hashes of a prompt whose first blocks are shared by every prompt with the same prefix."""
+    return block_hashes([prefix] * 16 + list(range(16 * (blocks - 1))))
+
+
+def linear_match(index: PrefixIndex, replica_id: str, hashes: list[int]) -> int:
+    for i, h in enumerate(hashes):
+        if not index.holds(replica_id, h):
+            return i
+    return len(hashes)
+
+
+def test_match_stops_at_first_miss() -> None:
+    index = PrefixIndex(capacity_blocks=100)
+    system = block_hashes(list(range(64)))
+    index.record("a", system)
+    other_user = block_hashes([*range(64), *range(1000, 1032)])
+    assert index.match_blocks("a", other_user) == 4
+    assert index.match_blocks("a", block_hashes(list(range(1, 65)))) == 0
+    assert index.match_blocks("b", system) == 0
+    assert index.match_blocks("a", []) == 0
+
+
+def test_capacity_bounds_each_replica_and_evicts_least_recent_tail_first() -> None:
+    index = PrefixIndex(capacity_blocks=8)
+    old = chain(1, 4)
+    index.record("a", old)
+    index.record("a", chain(2, 4))
+    assert index.size_blocks("a") == 8
+    index.record("a", old)
+    index.record("a", chain(3, 2))
+    assert index.size_blocks("a") == 8
+    assert index.match_blocks("a", old) == 4
+    assert index.match_blocks("a", chain(2, 4)) == 2
+
+
+def test_longest_holders_and_remove_replica() -> None:
+    index = PrefixIndex(capacity_blocks=100)
+    hashes = chain(7, 6)
+    index.record("a", hashes[:3])
+    index.record("b", hashes)
+    index.record("c", hashes)
+    depth, holders = index.longest_holders(hashes)
+    assert depth == 6 and sorted(holders) == ["b", "c"]
+    index.remove_replica("b")
+    index.remove_replica("c")
+    assert index.longest_holders(hashes) == (3, ("a",))
+    index.remove_replica("a")
+    assert index.longest_holders(hashes) == (0, ())
+    assert index.replica_ids == frozenset()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 5), st.integers(1, 6)),
+        min_size=1,
+        max_size=40,
+    ),
+    capacity=st.integers(1, 12),
+)
+def test_sets_stay_prefix_closed_so_binary_search_equals_a_walk(
+    ops: list[tuple[str, int, int]], capacity: int
+) -> None:
+    index = PrefixIndex(capacity_blocks=capacity)
+    for replica_id, prefix, blocks in ops:
+        index.record(replica_id, chain(prefix, blocks))
+        assert index.size_blocks(replica_id) <= capacity
+    for replica_id in ("a", "b"):
+        for prefix in range(6):
+            hashes = chain(prefix, 6)
+            assert index.match_blocks(replica_id, hashes) == linear_match(index, replica_id, hashes)
+            present = [index.holds(replica_id, h) for h in hashes]
+            assert present == sorted(present, reverse=True)
