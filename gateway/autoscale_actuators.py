@@ -1,0 +1,119 @@
+"""Actuators: what turns a ``Recommendation`` into a fleet of that size.
+
+Three behind one protocol. ``LogActuator`` only prints (a dry run, and the default). ``SimActuator``
+resizes a simulated fleet through the simulator's control API (``POST /replicas`` adds one that
+cold-starts, ``DELETE /replicas/{id}`` drains then removes one), newest replicas first, so the
+closed loop exercises real cold starts. ``KubernetesActuator`` patches a Deployment's scale
+subresource with the official client; the client is synchronous, so calls run in a worker thread.
+Each actuator is idempotent: applying the same recommendation twice changes nothing the second time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Mapping
+from typing import Any, Protocol, TextIO
+
+import aiohttp
+
+from autoscaler.policy import Recommendation
+
+LIVE_SIM_STATES = frozenset({"starting", "ready", "paused"})
+
+
+class Actuator(Protocol):
+    async def apply(self, recommendation: Recommendation) -> None: ...
+
+
+class LogActuator:
+    def __init__(self, out: TextIO = sys.stdout) -> None:
+        self._out = out
+
+    async def apply(self, recommendation: Recommendation) -> None:
+        r = recommendation
+        print(
+            f"pool={r.pool} desired={r.desired_replicas} reason={r.reason} {r.detail}",
+            file=self._out,
+            flush=True,
+        )
+
+
+class SimActuator:
+    """One simulated fleet per pool, each reached at its control URL."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        control_urls: Mapping[str, str],
+        cold_start_s: float | None = None,
+    ) -> None:
+        self._session = session
+        self._control_urls = {pool: url.rstrip("/") for pool, url in control_urls.items()}
+        self._cold_start_s = cold_start_s
+
+    async def live(self, pool: str) -> list[dict[str, Any]]:
+        async with self._session.get(f"{self._control_urls[pool]}/replicas") as response:
+            response.raise_for_status()
+            body = await response.json()
+        return [r for r in body["replicas"] if r["state"] in LIVE_SIM_STATES]
+
+    async def apply(self, recommendation: Recommendation) -> None:
+        base = self._control_urls.get(recommendation.pool)
+        if base is None:
+            return
+        live = await self.live(recommendation.pool)
+        missing = recommendation.desired_replicas - len(live)
+        if missing > 0:
+            body = {} if self._cold_start_s is None else {"cold_start_s": self._cold_start_s}
+            for _ in range(missing):
+                async with self._session.post(f"{base}/replicas", json=body) as response:
+                    response.raise_for_status()
+        elif missing < 0:
+            newest_first = sorted(live, key=lambda r: (r["state"] != "starting", -int(r["id"])))
+            await asyncio.gather(*(self._remove(base, r["id"]) for r in newest_first[:-missing]))
+
+    async def _remove(self, base: str, replica_id: int) -> None:
+        async with self._session.delete(f"{base}/replicas/{replica_id}") as response:
+            response.raise_for_status()
+
+
+class ScaleApi(Protocol):
+    """The part of ``kubernetes.client.AppsV1Api`` this actuator uses."""
+
+    def read_namespaced_deployment_scale(self, name: str, namespace: str) -> Any: ...
+
+    def patch_namespaced_deployment_scale(self, name: str, namespace: str, body: Any) -> Any: ...
+
+
+class KubernetesActuator:
+    """Sets ``spec.replicas`` of one Deployment per pool through the scale subresource."""
+
+    def __init__(self, api: ScaleApi, namespace: str, deployments: Mapping[str, str]) -> None:
+        self._api = api
+        self._namespace = namespace
+        self._deployments = dict(deployments)
+
+    async def apply(self, recommendation: Recommendation) -> None:
+        name = self._deployments.get(recommendation.pool)
+        if name is None:
+            return
+        scale = await asyncio.to_thread(self._api.read_namespaced_deployment_scale, name, self._namespace)
+        if scale.spec.replicas == recommendation.desired_replicas:
+            return
+        body = {"spec": {"replicas": recommendation.desired_replicas}}
+        await asyncio.to_thread(self._api.patch_namespaced_deployment_scale, name, self._namespace, body)
+
+
+def kubernetes_apps_api() -> ScaleApi:
+    """An ``AppsV1Api`` configured from the pod's service account, or else from ``~/.kube/config``."""
+    from kubernetes import client
+    from kubernetes import config as kube_config
+
+    loader: Any = kube_config
+    try:
+        loader.load_incluster_config()
+    except loader.ConfigException:
+        loader.load_kube_config()
+    api: ScaleApi = client.AppsV1Api()
+    return api
