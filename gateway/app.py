@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 
 import aiohttp
-from prometheus_client import CollectorRegistry, generate_latest
 
 from config.schema import GatewayConfig
 from gateway.admin import build_admin_app
@@ -19,6 +18,7 @@ from gateway.decide import Decider, RoundRobin
 from gateway.discovery import DnsDiscovery
 from gateway.errors import MethodNotAllowed
 from gateway.health import HealthMonitor
+from gateway.metrics import GatewayMetrics
 from gateway.proxy import Message, Proxy, Receive, Scope, Send, request_id_of, send_error
 from gateway.state import GatewayState
 from gateway.upstream import create_session
@@ -31,8 +31,8 @@ class Gateway:
         self.config = config
         self.state = GatewayState.from_config(config)
         self.decider: Decider = RoundRobin(self.state, retry_after_s=config.health.interval_s)
-        registry = CollectorRegistry()
-        self.admin = build_admin_app(self.state, lambda: generate_latest(registry))
+        self.metrics = GatewayMetrics()
+        self.admin = build_admin_app(self.state, self.metrics.render)
         self._session: aiohttp.ClientSession | None = None
         self._proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []

@@ -1,0 +1,55 @@
+"""Shared set-up for integration tests: a simulated fleet, a gateway config pointing at it, and the
+end-of-test invariant that the gateway holds nothing for finished requests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+
+from config.loader import parse_config
+from config.schema import GatewayConfig
+from gateway.server import RunningGateway
+from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
+
+MODEL = DEFAULT_MODEL
+
+
+def gateway_config(urls: Sequence[str], **sections: Any) -> GatewayConfig:
+    """A config for ``urls`` with fast health probes; ``sections`` are merged over the defaults
+    (e.g. ``server={"max_body_bytes": 1000}``)."""
+    data: dict[str, Any] = {
+        "server": {"port": 0},
+        "health": {"interval_s": 0.2, "timeout_s": 1.0},
+        "models": [{"name": MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
+        "pools": [{"name": "default", "replicas": list(urls), "kv_capacity_tokens": 450000}],
+    }
+    for key, value in sections.items():
+        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+    return parse_config(data, {})
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout_s`` passes; returns its last value."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not condition() and loop.time() < end:
+        await asyncio.sleep(0.01)
+    return condition()
+
+
+async def assert_idle(gw: RunningGateway) -> None:
+    """Every request finished and released: nothing in flight anywhere."""
+    assert await eventually(lambda: gw.state.in_flight == 0), gw.state.in_flight
+    assert all(count == 0 for count in gw.state.in_flight_by_replica().values()), (
+        gw.state.in_flight_by_replica()
+    )
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[SimFleet]:
+    """Two replicas, instant simulated time, every response recorded."""
+    async with SimFleet(replicas=2, time_scale=0.0, record_streams=True, seed=0) as sim:
+        yield sim

@@ -1,0 +1,138 @@
+"""Bad input, limits and broken replicas: always an OpenAI-shaped body, never a traceback."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from gateway.server import running_gateway
+from loadtest.sim.fleet import SimFleet, free_port
+from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+
+
+def openai_error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    error: dict[str, Any] = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status
+    return error
+
+
+async def test_bad_requests_are_refused_before_any_replica(fleet: SimFleet) -> None:
+    config = gateway_config(fleet.urls, server={"port": 0, "max_body_bytes": 2000})
+    async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        malformed = await http.post("/v1/chat/completions", content=b'{"model": ')
+        assert "not valid JSON" in openai_error(malformed, 400)["message"]
+
+        not_object = await http.post("/v1/completions", content=b"[1, 2]")
+        openai_error(not_object, 400)
+
+        no_model = await http.post("/v1/completions", json={"prompt": "x"})
+        assert openai_error(no_model, 400)["param"] == "model"
+
+        too_big = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x" * 3000})
+        openai_error(too_big, 413)
+
+        chunked = await http.post(
+            "/v1/completions", content=_chunks(b'{"model": "m", "prompt": "' + b"y" * 3000)
+        )
+        openai_error(chunked, 413)
+
+        unknown = await http.post("/v1/chat/completions", json={"model": "gpt-9", "messages": []})
+        error = openai_error(unknown, 404)
+        assert error["message"] == "The model `gpt-9` does not exist."
+        assert error["type"] == "NotFoundError"
+
+        wrong_method = await http.get("/v1/chat/completions")
+        openai_error(wrong_method, 405)
+        wrong_admin_method = await http.post("/v1/models")
+        openai_error(wrong_admin_method, 405)
+        no_route = await http.get("/v1/nothing-here")
+        openai_error(no_route, 404)
+
+        assert all(r.engine.num_running == 0 for r in fleet.replicas)
+        assert gw.state.served == 0
+        await assert_idle(gw)
+
+
+async def _chunks(data: bytes) -> Any:
+    for i in range(0, len(data), 500):
+        yield data[i : i + 500]
+
+
+async def test_replica_4xx_passes_through_as_written(fleet: SimFleet) -> None:
+    async with running_gateway(gateway_config(fleet.urls)) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        response = await http.post(
+            "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2, "min_tokens": 5}
+        )
+        error = openai_error(response, 400)
+        assert "min_tokens" in error["message"]
+        assert gw.state.served == 1
+        await assert_idle(gw)
+
+
+async def test_no_reachable_replica_is_503_with_retry_after() -> None:
+    config = gateway_config([f"http://127.0.0.1:{free_port()}"])
+    async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+        openai_error(response, 503)
+        assert int(response.headers["retry-after"]) >= 1
+        assert (await http.get("/readyz")).status_code == 503
+        assert (await http.get("/healthz")).status_code == 200
+        await assert_idle(gw)
+
+
+async def test_replica_dying_after_its_health_check_is_502() -> None:
+    async with SimFleet(replicas=1, time_scale=0.0) as fleet:
+        config = gateway_config(fleet.urls, health={"interval_s": 3600})
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+            assert (await http.get("/readyz")).status_code == 200
+            await fleet.kill(0)
+            response = await http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}
+            )
+            assert "cannot connect" in openai_error(response, 502)["message"]
+            await assert_idle(gw)
+
+
+async def test_health_checks_take_a_dead_replica_out_and_readiness_follows(fleet: SimFleet) -> None:
+    async with running_gateway(gateway_config(fleet.urls)) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        assert (await http.get("/readyz")).json() == {"ready": True, "routable_replicas": 2}
+        await fleet.kill(0)
+        assert await eventually(lambda: sum(r.healthy for r in gw.state.replicas.values()) == 1)
+        for _ in range(4):
+            response = await http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2}
+            )
+            assert response.status_code == 200
+        await fleet.kill(1)
+        assert await eventually(lambda: not gw.state.ready)
+        assert (await http.get("/readyz")).status_code == 503
+        await assert_idle(gw)
+
+
+async def test_admin_routes(fleet: SimFleet) -> None:
+    async with running_gateway(gateway_config(fleet.urls)) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        models = (await http.get("/v1/models")).json()
+        assert models["object"] == "list"
+        assert [(m["id"], m["max_model_len"]) for m in models["data"]] == [(MODEL, 131072)]
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        metrics = await http.get("/metrics")
+        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
+        assert (await http.get("/openapi.json")).json()["info"]["title"] == "kvgate"
+        await assert_idle(gw)
+
+
+async def test_dns_pool_discovers_replicas(fleet: SimFleet) -> None:
+    port = fleet.replicas[0].port
+    config = gateway_config(
+        [],
+        pools=[{"name": "dns", "dns": {"name": "localhost", "port": port}, "kv_capacity_tokens": 1000}],
+    )
+    async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        assert f"http://127.0.0.1:{port}" in gw.state.replicas
+        response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
+        assert response.status_code == 200
+        await assert_idle(gw)

@@ -1,0 +1,29 @@
+"""``kvgate config check FILE``: exit 0 and a summary, or exit 2 and every problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config.loader import EXAMPLES_DIR
+from gateway.cli import build_parser, main
+
+
+def test_check_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "check", str(EXAMPLES_DIR / "static.yaml")]) == 0
+    assert "ok (1 model(s), 1 pool(s), 4 static replica(s), 0 DNS pool(s))" in capsys.readouterr().out
+
+
+def test_check_lists_every_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server: {port: -1}\nmodels: []\npools: []\nhealth: {interval_s: 0}\n")
+    assert main(["config", "check", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "server.port" in err and "health.interval_s" in err and "(unit: seconds)" in err
+
+
+def test_subcommands_are_registered() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["up", "--replicas", "3", "--port", "9000"]).replicas == 3
+    assert parser.parse_args(["serve", "--config", "x.yaml"]).config == "x.yaml"
