@@ -166,8 +166,12 @@ class Engine:
         index = 0
         while index < len(self._running) and budget > 0:
             request = self._running[index]
-            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self._grow(request, request.num_computed_tokens + num_new):
+            computed = request.num_computed_tokens
+            num_new = len(request.prompt_token_ids) + request.num_output_tokens - computed
+            if num_new > budget:
+                num_new = budget
+            fits = computed + num_new <= len(request.blocks) * block_size
+            if not fits and not self._grow(request, computed + num_new):
                 preempted = True
                 while True:
                     victim = self._running.pop()
@@ -226,17 +230,20 @@ class Engine:
 
         produced: list[EngineRequest] = []
         any_finished = False
+        steady_decodes = 0
         for request, num_new in scheduled:
             request.num_computed_tokens += num_new
-            self._register_full_blocks(request)
-            if request.num_computed_tokens < request.num_tokens:
+            if request.num_registered_blocks < len(request.prompt_hashes):
+                self._register_full_blocks(request)
+            if request.num_computed_tokens < len(request.prompt_token_ids) + request.num_output_tokens:
                 continue
             request.num_output_tokens += 1
-            stats.generation_tokens += 1
             if request.first_token_s is None:
                 request.first_token_s = end_s
                 stats.prompt_tokens += request.num_prompt_tokens
                 stats.ttft_s.observe(end_s - request.arrival_s)
+            elif request.last_token_s == now_s:
+                steady_decodes += 1
             else:
                 stats.itl_s.observe(end_s - (request.last_token_s or end_s))
             request.last_token_s = end_s
@@ -250,6 +257,9 @@ class Engine:
                 request.blocks = []
                 any_finished = True
             produced.append(request)
+        stats.generation_tokens += len(produced)
+        if steady_decodes:
+            stats.itl_s.observe(duration, steady_decodes)
         if any_finished:
             self._running = [r for r in self._running if r.finish_reason is None]
         if scheduled:

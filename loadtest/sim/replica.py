@@ -3,9 +3,11 @@
 The replica owns a listening socket, the engine, and the loop that steps it. The loop asks the
 engine for a step, sleeps the step's simulated duration times ``time_scale`` and then writes every
 produced token straight to its client's transport, one write per connection per step. Simulated
-time follows real time (divided by ``time_scale``) whenever the engine is idle; when the loop wakes
-later than a step was due, the difference is counted as lag. With ``time_scale == 0`` nothing
-sleeps: simulated time advances by step durations only, one step per loop turn.
+time follows real time (divided by ``time_scale``) whenever the engine is idle. A loop that wakes
+a little late catches up by sleeping less on the next steps; only a slip too large to catch up is
+re-anchored and counted as lag, so ``lag_s / busy_s`` is the fraction by which the replica ran
+slower than its schedule. With ``time_scale == 0`` nothing sleeps: simulated time advances by step
+durations only, one step per loop turn.
 
 Lifecycle: ``starting`` (port closed: connections refused) → ``ready`` ⇄ ``paused`` (accepts, never
 answers) → ``draining`` (port closed, in-flight finish) → ``drained`` → ``removed``; or ``killed``
@@ -43,6 +45,9 @@ from loadtest.sim.protocol import (
 from routing.prefix_hash import block_hashes
 
 _ENCODE_CACHE_ENTRIES = 2048
+# A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far
+# behind in real seconds; beyond that it re-anchors on the clock and counts the gap as lag.
+_CATCH_UP_REAL_S = 0.05
 _NOT_FOUND = b'{"detail":"Not Found"}'
 _METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
 _ROUTES = {
@@ -73,6 +78,7 @@ class _Exchange:
         "replica",
         "response_id",
         "seqs",
+        "single_stream",
         "started",
         "stream",
         "templates",
@@ -109,6 +115,16 @@ class _Exchange:
         self.texts: list[list[bytes]] = [[] for _ in range(n)]
         self.finish_reasons = ["stop"] * n
         self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
+        self.single_stream = stream and n == 1
+
+    def send_token(self, seq: EngineRequest) -> None:
+        """The hot path: one mid-stream token of a single-choice stream, written at once."""
+        templates = self.templates
+        assert templates is not None
+        data = templates.heads[0] + WORDS[(seq.num_output_tokens * 7) % len(WORDS)] + templates.tail
+        if self.record is not None:
+            self.record += data
+        self.conn.send(data)
 
     def on_token(self, seq: EngineRequest, index: int) -> bool:
         """Queue one produced token; True if this is the exchange's first token in this step."""
@@ -249,6 +265,7 @@ class SimReplica:
             await asyncio.sleep(cold_start_s * self.time_scale)
         if self.state != "starting":
             return
+        self._tokenizer.encode("load the vocabulary now, not on the first request")
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Connection(self._handle, self._conns), self.host, self.port, reuse_address=True
@@ -323,6 +340,7 @@ class SimReplica:
         loop = asyncio.get_running_loop()
         engine = self.engine
         scale = self.time_scale
+        catch_up_s = _CATCH_UP_REAL_S / scale if scale > 0 else 0.0
         continuing = False
         while True:
             if not engine.has_work or self.state == "paused":
@@ -330,9 +348,13 @@ class SimReplica:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            start_s = max(self.sim_now(), self._sim_end_s)
-            if continuing:
-                self.lag_s += start_s - self._sim_end_s
+            start_s = self._sim_end_s
+            behind_s = self.sim_now() - start_s
+            if not continuing or behind_s > catch_up_s:
+                # Idle, or too far behind to catch up by sleeping less: re-anchor on the clock.
+                start_s += max(0.0, behind_s)
+                if continuing:
+                    self.lag_s += behind_s
             result = engine.step(start_s)
             self._sim_end_s = result.end_s
             if result.num_scheduled_tokens == 0:
@@ -359,7 +381,9 @@ class SimReplica:
         touched: list[_Exchange] = []
         for seq in result.produced:
             exchange, index = seq.handle
-            if exchange.on_token(seq, index):
+            if exchange.single_stream and seq.finish_reason is None and seq.num_output_tokens > 1:
+                exchange.send_token(seq)
+            elif exchange.on_token(seq, index):
                 touched.append(exchange)
         for exchange in touched:
             exchange.flush()
