@@ -44,9 +44,8 @@ def profile_figures(name: str) -> None:
             now_s = engine.step(now_s).end_s
         ttft_s = request.first_token_s
         rate = prompt_tokens / ttft_s
-        print(
-            f"TTFT {prompt_tokens:>6} prompt tok   {ttft_s * 1e3:>10.1f} ms       ({rate:,.0f} tok/s; target 25-30k)"
-        )
+        figure = f"{ttft_s * 1e3:>10.1f} ms       ({rate:,.0f} tok/s; target 25-30k)"
+        print(f"TTFT {prompt_tokens:>6} prompt tok   {figure}")
     for batch, target in ((1, "6-7"), (64, "10-12")):
         engine = Engine(profile)
         for i in range(batch):
@@ -136,12 +135,9 @@ async def serving_cost(replicas: int, streams: int, duration_s: float, time_scal
     )
     lag_ratio = lag_s / busy_s if busy_s else 0.0
     per_token_us = cpu_s / tokens * 1e6 if tokens else float("nan")
-    print(
-        f"== serving cost: {replicas} replicas x {streams} streams, {elapsed:.1f} s, time scale {time_scale:g}"
-    )
-    print(
-        f"streamed tokens        {tokens:>10,.0f}   ({tokens / elapsed:,.0f}/s; client saw {counts[0]:,} chunks)"
-    )
+    print(f"== serving cost: {replicas} replicas x {streams} streams, {elapsed:.1f} s, scale {time_scale:g}")
+    rate = f"({tokens / elapsed:,.0f}/s; client saw {counts[0]:,} chunks)"
+    print(f"streamed tokens        {tokens:>10,.0f}   {rate}")
     print(f"simulator CPU          {cpu_s:>10.2f} s    ({cpu_s / elapsed * 100:.0f} % of one core)")
     print(f"CPU per streamed token {per_token_us:>10.1f} us   (target <= {_CPU_TARGET_US:g} us)")
     print(f"step-loop lag          {lag_ratio * 100:>10.2f} %    (target < {_LAG_LIMIT_RATIO * 100:g} %)")
