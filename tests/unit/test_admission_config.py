@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import pytest
+from pydantic import BaseModel, ValidationError
+
+from config import admission as section
+from config.admission import AdmissionConfig, ModelAdmissionConfig, TenantConfig, TokenizerConfig
+
+
+def test_defaults_are_valid_and_frozen() -> None:
+    config = AdmissionConfig()
+    assert config.auth_enabled is False
+    assert config.model_rules("anything") == config.default_model
+    with pytest.raises(ValidationError):
+        config.max_queue_wait_s = 1.0
+
+
+def test_unknown_keys_fail() -> None:
+    with pytest.raises(ValidationError, match="max_queue_wait"):
+        AdmissionConfig.model_validate({"max_queue_wait": 3})
+
+
+def test_field_errors_are_collected_at_once() -> None:
+    with pytest.raises(ValidationError) as caught:
+        AdmissionConfig.model_validate(
+            {"max_queue_wait_s": -1, "queue_max_requests": -2, "retry_after_cap_s": 500}
+        )
+    fields = {error["loc"][0] for error in caught.value.errors()}
+    assert fields == {"max_queue_wait_s", "queue_max_requests", "retry_after_cap_s"}
+
+
+def test_cross_field_problems_are_collected_at_once() -> None:
+    with pytest.raises(ValidationError) as caught:
+        AdmissionConfig(
+            auth_enabled=True,
+            max_output_tokens_ceiling=100,
+            default_model=ModelAdmissionConfig(default_max_tokens=200),
+            tenants=(
+                TenantConfig(name="a", api_keys=("k1",)),
+                TenantConfig(name="a", api_keys=("k1",)),
+            ),
+        )
+    text = str(caught.value)
+    assert "name 'a' appears twice" in text
+    assert "already belongs to 'a'" in text
+    assert "default_model.default_max_tokens = 200 tokens exceeds" in text
+
+
+def test_auth_without_tenants_is_refused() -> None:
+    with pytest.raises(ValidationError, match="every request would be 401"):
+        AdmissionConfig(auth_enabled=True)
+
+
+def test_file_tokenizers_need_a_path() -> None:
+    with pytest.raises(ValidationError, match="needs 'path'"):
+        TokenizerConfig(kind="hf")
+
+
+def _models() -> list[type[BaseModel]]:
+    return [
+        value
+        for value in vars(section).values()
+        if isinstance(value, type)
+        and issubclass(value, BaseModel)
+        and value.__module__ == section.__name__
+        and not value.__name__.startswith("_")
+    ]
+
+
+@pytest.mark.parametrize("model", _models(), ids=lambda m: m.__name__)
+def test_every_field_documents_unit_default_and_example(model: type[BaseModel]) -> None:
+    for name, field in model.model_fields.items():
+        description = field.description or ""
+        assert "Example" in description, f"{model.__name__}.{name}"
+        assert "Default" in description or "default" in description, f"{model.__name__}.{name}"
+        assert "(" in description, f"{model.__name__}.{name} states no unit"
