@@ -1,0 +1,36 @@
+"""``kvgate sim`` argument handling: the subcommand registers, and bad numbers exit 2 before serving."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from loadtest.sim.cli import register, run
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kvgate")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+def test_sim_subcommand_registers_with_its_options() -> None:
+    args = _parse(["sim", "--replicas", "3", "--port", "9100", "--time-scale", "2", "--max-num-seqs", "16"])
+    assert args.func is run
+    assert (args.replicas, args.port, args.time_scale, args.max_num_seqs) == (3, 9100, 2.0, 16)
+    assert args.profile == "llama-3.1-8b-h100" and args.cold_start_s is None and args.control_port is None
+
+
+def test_unknown_profile_is_rejected_by_the_parser() -> None:
+    with pytest.raises(SystemExit):
+        _parse(["sim", "--profile", "nope"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["sim", "--kv-capacity-tokens", "-5"], ["sim", "--max-num-seqs", "0"], ["sim", "--time-scale", "-1"]],
+)
+def test_bad_numbers_exit_2_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(_parse(argv)) == 2
+    assert "kvgate sim:" in capsys.readouterr().err
