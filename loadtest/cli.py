@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -20,6 +21,8 @@ from loadtest.compare import ratio_lines, ratios, run_compare, summaries_for
 from loadtest.report import Slo, summarize, summary_table, write_report
 from loadtest.runner import RunOptions, Target, run
 from loadtest.workload import PRESETS, Trace, Workload, build_trace, load_workload, with_overrides
+
+T = TypeVar("T")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -100,7 +103,7 @@ def main_run(args: argparse.Namespace) -> int:
     try:
         _, trace, options, slo = _prepare(args)
         target = Target(name="target", url=args.target, model=args.model)
-        result = asyncio.run(run(target, trace, options))
+        result = run_async(run(target, trace, options))
     except (ValueError, OSError, aiohttp.ClientError) as exc:
         print(f"kvgate loadtest: {exc}", file=sys.stderr)
         return 1
@@ -118,7 +121,7 @@ def main_compare(args: argparse.Namespace) -> int:
         targets = [_parse_target(spec, args.model) for spec in args.targets]
         baseline = args.baseline or targets[0].name
         _, trace, options, slo = _prepare(args)
-        results = asyncio.run(run_compare(targets, trace, options, slice_count=args.slices))
+        results = run_async(run_compare(targets, trace, options, slice_count=args.slices))
         summaries = summaries_for(results, slo)
         table = ratios(summaries, baseline)
     except (ValueError, OSError, aiohttp.ClientError) as exc:
@@ -132,6 +135,16 @@ def main_compare(args: argparse.Namespace) -> int:
     print("\n".join(ratio_lines(table, baseline)))
     print(f"report: {paths[0]}")
     return _exit_status(args, [s.goodput_ratio for s in summaries])
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run on uvloop where it is installed: it costs the generator less CPU per streamed chunk."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coroutine)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coroutine)
 
 
 def _parse_target(spec: str, model: str | None) -> Target:

@@ -213,21 +213,34 @@ class Client:
                 if response.status != 200:
                     attempt.error = _error_message(await response.read())
                     return attempt
-                async for line in response.content:
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    self._on_event(orjson.loads(data), attempt, itl_s)
+                await self._read_stream(response, attempt, itl_s)
         except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
             attempt.error = f"{type(exc).__name__}: {exc}"[:200]
             if attempt.status == 200 and attempt.first_token_s is None:
                 attempt.status = 0
         return attempt
 
+    async def _read_stream(
+        self, response: aiohttp.ClientResponse, attempt: _Attempt, itl_s: list[float]
+    ) -> None:
+        """Events are split out of whatever each network read delivered; events that arrived in the
+        same read share its arrival time."""
+        pending = b""
+        async for chunk in response.content.iter_any():
+            now_s = time.perf_counter()
+            pending += chunk.replace(b"\r\n", b"\n") if b"\r" in chunk else chunk
+            *events, pending = pending.split(b"\n\n")
+            for event in events:
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        return
+                    self._on_event(orjson.loads(data), attempt, itl_s, now_s)
+
     @staticmethod
-    def _on_event(event: Mapping[str, object], attempt: _Attempt, itl_s: list[float]) -> None:
+    def _on_event(event: Mapping[str, object], attempt: _Attempt, itl_s: list[float], now_s: float) -> None:
         if "error" in event:
             attempt.error = _error_message(orjson.dumps(event))
             return
@@ -237,7 +250,6 @@ class Client:
             delta = choice.get("delta") if isinstance(choice, dict) else None
             text = delta.get("content") if isinstance(delta, dict) else choice.get("text")
             if text:
-                now_s = time.perf_counter()
                 if attempt.last_token_s is None:
                     attempt.first_token_s = now_s
                 else:
