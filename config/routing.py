@@ -42,8 +42,8 @@ class RoutingConfig(BaseModel):
         default=1.25,
         gt=1.0,
         description=(
-            "Prefix affinity is ignored for a replica whose load after taking the request would exceed "
-            "this multiple of the candidates' mean load (ratio). Default 1.25. Example: 1.5"
+            "Prefix affinity is ignored for a replica whose load exceeds this multiple of the "
+            "candidates' mean load counting the request (ratio). Default 1.25. Example: 1.5"
         ),
     )
     prefix_index_capacity_blocks: int = Field(
@@ -196,6 +196,11 @@ class RoutingConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RoutingConfig:
+        if self.policy == "kvgate" and not any(w > 0 for w in self.scorer_weights.values()):
+            raise ValueError(
+                f"scorer_weights {self.scorer_weights} give the kvgate policy nothing to score: "
+                f"give at least one of {', '.join(SCORER_NAMES)} a weight > 0"
+            )
         if self.ejection_backoff_max_s < self.ejection_backoff_base_s:
             raise ValueError(
                 f"ejection_backoff_max_s ({self.ejection_backoff_max_s} s) must be >= "

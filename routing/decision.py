@@ -4,7 +4,9 @@ The ``reason`` is a short stable label the edge counts in metrics (the decision 
 nothing): ``prefix_affinity`` or ``least_load`` from the kvgate policy, ``round_robin`` or
 ``least_request`` from the baselines, and when no replica can take the request the binding filter
 (``no_model``, ``unhealthy``, ``not_ready``, ``backoff``, ``no_kv_room``, ``excluded``) or
-``no_replica`` for an empty fleet.
+``no_replica`` for an empty fleet. Candidate scores are kept as columns (one tuple per measure) and
+turned into per-candidate records only when read, so explaining a decision costs nothing on the
+hot path.
 """
 
 from __future__ import annotations
@@ -24,10 +26,37 @@ class CandidateScore:
 
 
 @dataclass(frozen=True, slots=True)
+class ScoreColumns:
+    replica_ids: tuple[str, ...]
+    totals: tuple[float, ...]
+    parts: Mapping[str, tuple[float, ...]]
+    load_ratios: tuple[float, ...]
+    matched_blocks: tuple[int, ...]
+
+
+_NO_SCORES = ScoreColumns((), (), {}, (), ())
+
+
+@dataclass(frozen=True, slots=True)
 class RoutingDecision:
     replica_id: str | None
     reason: str
-    scores: tuple[CandidateScore, ...] = field(default=())
+    columns: ScoreColumns = field(default=_NO_SCORES)
+
+    @property
+    def scores(self) -> tuple[CandidateScore, ...]:
+        """Every scored candidate; empty for the baselines and when no replica passed the filters."""
+        c = self.columns
+        return tuple(
+            CandidateScore(
+                replica_id=replica_id,
+                total=c.totals[i],
+                parts={name: values[i] for name, values in c.parts.items()},
+                load_ratio=c.load_ratios[i],
+                matched_blocks=c.matched_blocks[i],
+            )
+            for i, replica_id in enumerate(c.replica_ids)
+        )
 
     def score_of(self, replica_id: str) -> CandidateScore | None:
         for score in self.scores:

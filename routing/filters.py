@@ -12,7 +12,6 @@ tells the caller to queue, ``unhealthy`` that the fleet is down).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 
 from admission.capacity import fits
 from routing.replica import ReplicaView
@@ -23,13 +22,15 @@ FILTER_REASONS: tuple[str, ...] = ("excluded", "no_model", "unhealthy", "not_rea
 NO_REPLICA = "no_replica"
 
 
-@dataclass(frozen=True, slots=True)
 class Gate:
-    """The filter chain bound to one request at one instant."""
+    """The filter chain bound to one request at one instant (a plain class: built per decision)."""
 
-    request: RoutingRequest
-    now_s: float
-    exclude: Collection[str] = frozenset()
+    __slots__ = ("exclude", "now_s", "request")
+
+    def __init__(self, request: RoutingRequest, now_s: float, exclude: Collection[str] = frozenset()) -> None:
+        self.request = request
+        self.now_s = now_s
+        self.exclude = exclude
 
     def rejection(self, view: ReplicaView) -> str | None:
         """The first filter ``view`` fails, or None if it may take the request."""

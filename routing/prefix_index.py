@@ -1,23 +1,41 @@
 """Which prompt blocks kvgate last sent to which replica: an approximate, bounded prefix-cache map.
 
 The index guesses what each replica's vLLM prefix cache holds from what kvgate routed there; it
-never asks the replica. Each replica keeps at most ``capacity_blocks`` block hashes in LRU order,
-and a reverse map from block hash to the replicas holding it lets a lookup find the replicas with
-the longest matching prefix without scanning every replica. Invariant: each replica's set is
-prefix-closed (if block ``i`` of a chain is present, so is every block before it), because
-``record`` touches a prompt's blocks deepest first, so a block is never less recently used than the
-blocks after it and LRU eviction always takes a chain's tail first, as vLLM does. That makes "blocks
-matched before the first miss" monotone, so a match is a binary search: O(log blocks) lookups per
-replica instead of a walk.
+never asks the replica. Each replica keeps at most ``capacity_blocks`` block hashes, and a reverse
+map from block hash to the replicas holding it finds the replicas with the longest matching prefix
+without scanning every replica. Recency is approximated with two generations (a two-handed clock):
+blocks routed or re-used go to the ``recent`` generation; when it exceeds half the capacity, the
+``old`` generation is forgotten and ``recent`` becomes ``old``. So a prompt that keeps coming back
+costs one dictionary lookup to refresh, not a touch per block, and anything used within the last
+half-capacity of new blocks survives. Invariant: each replica's set is prefix-closed (if block
+``i`` of a chain is held, so is every block before it), because a chain's held head moves to
+``recent`` together with it and trimming pops the most recently inserted block first, which is
+never the parent of a held block. That makes "blocks matched before the first miss" monotone, so a
+match is a binary search: O(log blocks) lookups per replica instead of a walk.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
+from itertools import repeat
 
 _Holders = str | set[str]
 """One holder is kept as its id: a one-element set costs ~200 bytes per block."""
+
+
+class _Blocks:
+    __slots__ = ("old", "recent")
+
+    def __init__(self) -> None:
+        self.recent: dict[int, None] = {}
+        self.old: dict[int, None] = {}
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self.recent or block_hash in self.old
+
+    def __len__(self) -> int:
+        return len(self.recent) + len(self.old)
 
 
 class PrefixIndex:
@@ -25,37 +43,46 @@ class PrefixIndex:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be > 0, got {capacity_blocks}")
         self._capacity_blocks = capacity_blocks
-        self._by_replica: dict[str, OrderedDict[int, None]] = {}
+        self._generation_blocks = max(1, capacity_blocks // 2)
+        self._by_replica: dict[str, _Blocks] = {}
         self._holders: dict[int, _Holders] = {}
 
     def record(self, replica_id: str, hashes: Sequence[int]) -> None:
         """Remember that the prompt with these chained block hashes was sent to ``replica_id``."""
         blocks = self._by_replica.get(replica_id)
         if blocks is None:
-            blocks = self._by_replica[replica_id] = OrderedDict()
-        holders = self._holders
-        for h in reversed(hashes):
-            if h in blocks:
-                blocks.move_to_end(h)
-                continue
-            blocks[h] = None
-            held = holders.get(h)
-            if held is None:
-                holders[h] = replica_id
-            elif isinstance(held, set):
-                held.add(replica_id)
-            elif held != replica_id:
-                holders[h] = {held, replica_id}
+            blocks = self._by_replica[replica_id] = _Blocks()
+        held = self.match_blocks(replica_id, hashes)
+        if held and hashes[held - 1] not in blocks.recent:
+            head = hashes[:held]
+            deque(map(blocks.old.pop, head, repeat(None)), maxlen=0)
+            blocks.recent.update(dict.fromkeys(head))
+        new = hashes[held:]
+        if new:
+            blocks.recent.update(dict.fromkeys(new))
+            holders = self._holders
+            for h in new:
+                current = holders.get(h)
+                if current is None:
+                    holders[h] = replica_id
+                elif isinstance(current, set):
+                    current.add(replica_id)
+                elif current != replica_id:
+                    holders[h] = {current, replica_id}
+        if len(blocks.recent) > self._generation_blocks:
+            for h in blocks.old:
+                self._drop_holder(h, replica_id)
+            blocks.old, blocks.recent = blocks.recent, {}
         while len(blocks) > self._capacity_blocks:
-            evicted, _ = blocks.popitem(last=False)
-            self._drop_holder(evicted, replica_id)
+            h, _ = (blocks.old or blocks.recent).popitem()
+            self._drop_holder(h, replica_id)
 
     def match_blocks(self, replica_id: str, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` held by ``replica_id``, stopping at the first miss."""
         blocks = self._by_replica.get(replica_id)
-        if not blocks or not hashes:
+        if not blocks or not hashes or hashes[0] not in blocks:
             return 0
-        low, high = 0, len(hashes)
+        low, high = 1, len(hashes)
         while low < high:
             mid = (low + high + 1) // 2
             if hashes[mid - 1] in blocks:
@@ -83,8 +110,9 @@ class PrefixIndex:
         blocks = self._by_replica.pop(replica_id, None)
         if blocks is None:
             return
-        for h in blocks:
-            self._drop_holder(h, replica_id)
+        for generation in (blocks.recent, blocks.old):
+            for h in generation:
+                self._drop_holder(h, replica_id)
 
     def holds(self, replica_id: str, block_hash: int) -> bool:
         blocks = self._by_replica.get(replica_id)

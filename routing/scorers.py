@@ -6,8 +6,9 @@ matched in the index, and whether each candidate is within the bounded-load limi
 adds them with the configured weights. ``outstanding_tokens`` is ``1 - load`` (load capped at 1):
 absolute, not normalised across candidates, so a few tokens of difference cannot swing a whole
 point against prefix locality. ``prefix_locality`` is the matched fraction of the request's blocks,
-and 0 for a candidate that would exceed the bounded load, so one hot system prompt cannot pin all
-traffic to the replicas that hold it.
+and 0 for a candidate whose load is above the bounded-load limit (``bounded_load_factor`` x the mean
+load counting this request), so one hot system prompt cannot pin all traffic to the replicas that
+hold it: such a replica competes on load alone, where any candidate below the mean beats it.
 """
 
 from __future__ import annotations

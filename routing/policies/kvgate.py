@@ -3,13 +3,13 @@
 Candidates pass the filters, then the cold-replica ramp keeps each with its slow-start probability,
 then every scorer with a non-zero weight scores the survivors and the picker takes the highest
 weighted sum. Above ``sample_size`` candidates the policy does not look at the whole fleet: it
-scores a seeded sample of ``sample_size`` replicas plus up to ``sample_size`` of the replicas
-holding the request's longest known prefix (found through the index's hash-to-replica map, not a
-scan). Least-load choice over a small random sample is known to balance almost as well as over all
-(power of d choices), and it keeps a decision at a thousand replicas within a few dozen
-microseconds. Load, prefix match and the bounded-load limit are measured over the scored
-candidates only. If no sampled replica passes the filters, the whole fleet is filtered before the
-policy gives up, so sampling never turns a routable request away.
+scores ``sample_size`` seeded draws (with replacement; repeats merge) plus up to a quarter of
+``sample_size`` of the replicas holding the request's longest known prefix (found through the
+index's hash-to-replica map, not a scan). Least-load choice over a small random sample balances
+almost as well as over all (power of d choices) and keeps a decision's cost independent of fleet
+size. Load, prefix match and the bounded-load limit are measured over the scored candidates only.
+If no sampled replica passes the filters, the whole fleet is filtered before the policy gives up,
+so sampling never turns a routable request away.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 
 from config.routing import RoutingConfig
-from routing.decision import CandidateScore, RoutingDecision
+from routing.decision import RoutingDecision, ScoreColumns
 from routing.filters import Gate
 from routing.load import load_ratios, within_bound
 from routing.picker import pick_best
@@ -65,19 +65,16 @@ class KvgatePolicy:
         for name, weight in self._weights.items():
             totals = [total + weight * part for total, part in zip(totals, parts[name], strict=True)]
         chosen = pick_best(totals, self._rng)
-        scores = tuple(
-            CandidateScore(
-                replica_id=view.replica_id,
-                total=totals[i],
-                parts={name: values[i] for name, values in parts.items()},
-                load_ratio=loads[i],
-                matched_blocks=matched[i],
-            )
-            for i, view in enumerate(candidates)
+        columns = ScoreColumns(
+            replica_ids=tuple(view.replica_id for view in candidates),
+            totals=tuple(totals),
+            parts={name: tuple(values) for name, values in parts.items()},
+            load_ratios=tuple(loads),
+            matched_blocks=tuple(matched),
         )
         affinity = self._uses_prefix and parts["prefix_locality"][chosen] > 0.0
         return RoutingDecision(
-            candidates[chosen].replica_id, "prefix_affinity" if affinity else "least_load", scores
+            candidates[chosen].replica_id, "prefix_affinity" if affinity else "least_load", columns
         )
 
     def _window(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
@@ -85,11 +82,13 @@ class KvgatePolicy:
         size = self._sample_size
         if size == 0 or count <= size:
             return replicas
-        positions = set(self._rng.sample(range(count), size))
+        draw = self._rng.random
+        positions = {int(draw() * count) for _ in range(size)}
         if self._uses_prefix and request.block_hashes:
             _, holders = self._index.longest_holders(request.block_hashes)
-            if len(holders) > size:
-                holders = tuple(self._rng.sample(holders, size))
+            most_holders = max(1, size // 4)
+            if len(holders) > most_holders:
+                holders = tuple(self._rng.sample(holders, most_holders))
             for replica_id in holders:
                 position = self._position(replicas, replica_id)
                 if position is not None:

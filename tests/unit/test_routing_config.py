@@ -44,6 +44,7 @@ def test_unknown_policy_and_unknown_key_fail() -> None:
         {"aggression": 0.0},
         {"ejection_backoff_base_s": 10.0, "ejection_backoff_max_s": 5.0},
         {"prefix_index_capacity_blocks": 0},
+        {"scorer_weights": {"outstanding_tokens": 0.0}},
     ],
 )
 def test_bad_values_fail(fields: dict[str, object]) -> None:

@@ -30,17 +30,26 @@ def test_match_stops_at_first_miss() -> None:
     assert index.match_blocks("a", []) == 0
 
 
-def test_capacity_bounds_each_replica_and_evicts_least_recent_tail_first() -> None:
+def test_reused_prompts_survive_and_unused_ones_are_forgotten() -> None:
     index = PrefixIndex(capacity_blocks=8)
-    old = chain(1, 4)
-    index.record("a", old)
-    index.record("a", chain(2, 4))
+    reused, unused = chain(1, 4), chain(2, 4)
+    index.record("a", reused)
+    index.record("a", unused)
     assert index.size_blocks("a") == 8
-    index.record("a", old)
+    index.record("a", reused)
     index.record("a", chain(3, 2))
+    assert index.match_blocks("a", reused) == 4
+    assert index.match_blocks("a", chain(3, 2)) == 2
+    assert index.match_blocks("a", unused) == 0
+    assert index.longest_holders(unused) == (0, ())
+
+
+def test_a_chain_longer_than_capacity_keeps_its_head() -> None:
+    index = PrefixIndex(capacity_blocks=8)
+    long_chain = chain(5, 20)
+    index.record("a", long_chain)
     assert index.size_blocks("a") == 8
-    assert index.match_blocks("a", old) == 4
-    assert index.match_blocks("a", chain(2, 4)) == 2
+    assert index.match_blocks("a", long_chain) == 8
 
 
 def test_longest_holders_and_remove_replica() -> None:
