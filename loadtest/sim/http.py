@@ -148,7 +148,7 @@ class Connection(asyncio.Protocol):
 
     def send(self, data: bytes) -> None:
         if self.transport is not None and data:
-            self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.transport.write(chunk_frame(data))
 
     def end_stream(self, data: bytes = b"") -> None:
         if self.transport is not None:
@@ -170,3 +170,13 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+
+def chunk_frame(data: bytes) -> bytes:
+    """``data`` as one chunk of a chunked-encoding body."""
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def unframe(frame: bytes) -> bytes:
+    """The payload of one ``chunk_frame``."""
+    return frame[frame.index(b"\r\n") + 2 : -2]

@@ -26,7 +26,7 @@ import orjson
 
 from admission.tokenizer import ChatTemplate, TiktokenTokenizer, Tokenizer
 from loadtest.sim.engine import Engine, EngineRequest, StepResult
-from loadtest.sim.http import Connection, Request
+from loadtest.sim.http import Connection, Request, chunk_frame, unframe
 from loadtest.sim.metrics import render_metrics
 from loadtest.sim.profile import Profile
 from loadtest.sim.protocol import (
@@ -70,6 +70,7 @@ class _Exchange:
         "conn",
         "created",
         "finish_reasons",
+        "framed",
         "include_usage",
         "model",
         "prompt_tokens",
@@ -116,15 +117,21 @@ class _Exchange:
         self.finish_reasons = ["stop"] * n
         self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
         self.single_stream = stream and n == 1
+        self.framed: list[bytes | None] = [None] * len(WORDS)
 
     def send_token(self, seq: EngineRequest) -> None:
         """The hot path: one mid-stream token of a single-choice stream, written at once."""
-        templates = self.templates
-        assert templates is not None
-        data = templates.heads[0] + WORDS[(seq.num_output_tokens * 7) % len(WORDS)] + templates.tail
+        word = (seq.num_output_tokens * 7) % len(WORDS)
+        framed = self.framed[word]
+        if framed is None:
+            templates = self.templates
+            assert templates is not None
+            framed = self.framed[word] = chunk_frame(templates.heads[0] + WORDS[word] + templates.tail)
         if self.record is not None:
-            self.record += data
-        self.conn.send(data)
+            self.record += unframe(framed)
+        transport = self.conn.transport
+        if transport is not None:
+            transport.write(framed)
 
     def on_token(self, seq: EngineRequest, index: int) -> bool:
         """Queue one produced token; True if this is the exchange's first token in this step."""
