@@ -40,6 +40,7 @@ class KvgatePolicy:
         self._bounded_load_factor = config.bounded_load_factor
         self._ramp = Ramp(config.warmup_s, config.min_ratio, config.aggression, config.cold_ttft_factor)
         self._positions: dict[str, int] = {}
+        self._absent: set[str] = set()
 
     def pick(self, request: RoutingRequest, replicas: Sequence[ReplicaView], gate: Gate) -> RoutingDecision:
         window = self._window(request, replicas)
@@ -96,9 +97,21 @@ class KvgatePolicy:
         return [replicas[position] for position in sorted(positions)]
 
     def _position(self, replicas: Sequence[ReplicaView], replica_id: str) -> int | None:
-        """Where ``replica_id`` sits in this snapshot; the map is rebuilt only when the fleet moved."""
+        """Where ``replica_id`` sits in this snapshot, or None when it is not in it.
+
+        The id-to-position map is rebuilt only when a known id moved or an id is new since the
+        last build; an id still absent after a build (a replica the edge has not yet told the
+        router to forget, or one the caller left out) is remembered, so it cannot force a rebuild
+        on every decision. Callers that keep their fleet snapshot in a stable order pay nothing.
+        """
         position = self._positions.get(replica_id)
         if position is not None and position < len(replicas) and replicas[position].replica_id == replica_id:
             return position
+        if position is None and replica_id in self._absent:
+            return None
         self._positions = {view.replica_id: i for i, view in enumerate(replicas)}
-        return self._positions.get(replica_id)
+        self._absent = set()
+        position = self._positions.get(replica_id)
+        if position is None:
+            self._absent.add(replica_id)
+        return position

@@ -139,3 +139,14 @@ def test_forget_drops_a_replicas_prefixes() -> None:
     assert r.prefix_index.size_blocks("a") > 0
     r.forget("a")
     assert r.prefix_index.size_blocks("a") == 0
+
+
+def test_a_holder_missing_from_the_snapshot_is_skipped_and_reordered_fleets_still_resolve() -> None:
+    r = router(sample_size=4)
+    r.prefix_index.record("gone", request(0).block_hashes)
+    fleet = [view(f"r{i:03}", 10_000) for i in range(50)]
+    for _ in range(3):
+        decision = r.choose(request(1), fleet, 0.0)
+        assert decision.replica_id is not None and decision.replica_id != "gone"
+    holder = decision.replica_id
+    assert r.choose(request(2), list(reversed(fleet)), 0.0).replica_id == holder
