@@ -65,6 +65,7 @@ class Summary:
     wall_s: float
     cpu_s: float
     cpu_per_request_ms: float
+    cpu_per_output_token_us: float
     cpu_ratio: float
     cpu_bound: bool
 
@@ -107,6 +108,7 @@ def summarize(result: RunResult, slo: Slo) -> Summary:
     wall_s = max(result.wall_s, 1e-9)
     lag_p99_s = percentile(lags, 0.99)
     cpu_ratio = result.cpu_s / wall_s
+    completion_tokens = sum(r.completion_tokens for r in records)
     return Summary(
         target=result.target.name,
         model=result.model,
@@ -119,7 +121,7 @@ def summarize(result: RunResult, slo: Slo) -> Summary:
         goodput_rps=good / wall_s,
         throughput_rps=len(ok) / wall_s,
         prompt_tokens=sum(r.prompt_tokens for r in records),
-        completion_tokens=sum(r.completion_tokens for r in records),
+        completion_tokens=completion_tokens,
         output_tokens_per_s=sum(r.completion_tokens for r in ok) / wall_s,
         ttft_p50_s=percentile(ttft, 0.5),
         ttft_p95_s=percentile(ttft, 0.95),
@@ -138,6 +140,7 @@ def summarize(result: RunResult, slo: Slo) -> Summary:
         wall_s=result.wall_s,
         cpu_s=result.cpu_s,
         cpu_per_request_ms=1000.0 * result.cpu_s / len(records) if records else 0.0,
+        cpu_per_output_token_us=1e6 * result.cpu_s / completion_tokens if completion_tokens else 0.0,
         cpu_ratio=cpu_ratio,
         cpu_bound=cpu_ratio >= CPU_BOUND_RATIO,
     )
@@ -167,7 +170,11 @@ def _rows(s: Summary) -> list[tuple[str, str]]:
         ("end-to-end p50 / p95", times(s.e2e_p50_s, s.e2e_p95_s)),
         ("retries, wait honoured", f"{s.retries}, {s.wait_honoured_s:.1f} s"),
         ("send lag p50 / p99 / max", times(s.lag_p50_s, s.lag_p99_s, s.lag_max_s)),
-        ("generator CPU", f"{s.cpu_per_request_ms:.2f} ms/request, {s.cpu_ratio:.0%} of one core"),
+        (
+            "generator CPU",
+            f"{s.cpu_per_request_ms:.2f} ms/request ({s.cpu_per_output_token_us:.0f} µs/output token), "
+            f"{s.cpu_ratio:.0%} of one core",
+        ),
         ("wall time", f"{s.wall_s:.1f} s"),
     ]
 
