@@ -5,14 +5,18 @@ full (KV occupancy, or for a prefill pool prompt tokens waiting per replica) *an
 phase (TTFT for prefill, ITL for decode); high occupancy with fast tokens is a replica efficiently
 full, and slow tokens with free cache is a configuration problem, so either alone is not enough.
 A mixed pool is judged on both phases and takes the larger answer. Admission-queue wait above its
-target is demand the fleet is not serving and scales out on its own. Scale-in needs every phase
+target on a full pool is demand the fleet is not serving (on a pool with room it is the tail of a
+backlog already being cleared, still inside the latency window). Scale-in needs every phase
 idle and fast for the much longer ``scale_in_window_s``, never within ``scale_down_delay_s`` of a
 scale-out, and removes a smaller step: being short costs client-visible failures, being long costs
-money. Both windows restart at every change, so one decision's effect is observed before the next.
-Token-rate sizing ``N = ceil(R / (C x U_target))`` per phase, with R projected over the cold start
-at the current growth rate (the burst the cold start cannot absorb), and resident sequences over
-per-replica capacity set a floor that applies at once. While asked-for replicas cold-start the
-policy keeps its last answer instead of asking again. Pure: time comes from the samples.
+money. Token-rate sizing ``N = ceil(R / (C x U_target))`` per phase sets a floor that applies at
+once: R is the served rate projected over the cold start at its current growth (the burst the cold
+start cannot absorb) plus, for prefill, the prompt tokens already waiting spread over
+``backlog_drain_s`` (the queue is the honest demand: served rates plateau at capacity whatever
+arrives); resident sequences over per-replica capacity bound decode the same way. A change takes
+effect when the ready replicas reach it (or one cold start later): until then the policy repeats
+its answer instead of asking again, and afterwards every window starts over, so the backlog a
+short fleet left behind is not read as demand for still more replicas. Pure: time comes from the samples.
 """
 
 from __future__ import annotations
@@ -71,20 +75,20 @@ def replicas_for_rate(rate_per_s: float, capacity_per_s: float, utilization_rati
 
 def scale_out_reason(s: PoolSignals, p: PoolPolicy) -> str | None:
     """The first scale-out rule ``s`` satisfies at its instant, or None."""
-    if s.role in (Role.PREFILL, Role.MIXED) and _slow(s.ttft_p95_s, p.scale_out_ttft_s):
-        if s.role is Role.MIXED and s.kv_occupancy_ratio > p.scale_out_occupancy_ratio:
-            return SCALE_OUT_OCCUPANCY_TTFT
-        if s.role is Role.PREFILL and _prefill_per_replica(s) > p.scale_out_prefill_tokens_per_replica:
-            return SCALE_OUT_BACKLOG_TTFT
-    if (
-        s.role in (Role.DECODE, Role.MIXED)
-        and s.kv_occupancy_ratio > p.scale_out_occupancy_ratio
-        and _slow(s.itl_p95_s, p.scale_out_itl_s)
-    ):
+    if s.role in (Role.PREFILL, Role.MIXED) and _slow(s.ttft_p95_s, p.scale_out_ttft_s) and _full(s, p):
+        return SCALE_OUT_BACKLOG_TTFT if s.role is Role.PREFILL else SCALE_OUT_OCCUPANCY_TTFT
+    if s.role in (Role.DECODE, Role.MIXED) and _full(s, p) and _slow(s.itl_p95_s, p.scale_out_itl_s):
         return SCALE_OUT_OCCUPANCY_ITL
-    if _slow(s.queue_wait_p95_s, p.scale_out_queue_wait_s):
+    if _slow(s.queue_wait_p95_s, p.scale_out_queue_wait_s) and _full(s, p):
         return SCALE_OUT_QUEUE_WAIT
     return None
+
+
+def _full(s: PoolSignals, p: PoolPolicy) -> bool:
+    """The pool's load half of a conjunction: prompt backlog for prefill, KV occupancy otherwise."""
+    if s.role is Role.PREFILL:
+        return _prefill_per_replica(s) > p.scale_out_prefill_tokens_per_replica
+    return s.kv_occupancy_ratio > p.scale_out_occupancy_ratio
 
 
 def idle(s: PoolSignals, p: PoolPolicy) -> bool:
@@ -127,34 +131,34 @@ class PoolAutoscaler:
         self._out_reason: str | None = None
         self._in_since_s: float | None = None
         self._desired: int | None = None
-        self._last_change_s = -math.inf
         self._last_out_s = -math.inf
+        self._settled_s: float | None = -math.inf
+        """When the last change took effect (ready replicas reached the answer, or a cold start
+        passed); None while it is still coming up."""
+        self._changed_s = -math.inf
 
     def update(self, s: PoolSignals) -> Recommendation:
         p = self.policy
         now_s = s.time_s
+        self._settle(s)
         self._track(s)
-        in_flight = self._desired is not None and now_s - self._last_change_s < p.cold_start_s
-        base = self._desired if in_flight and self._desired is not None else s.replicas_current
+        settled = self._settled_s is not None
+        base = s.replicas_current if settled or self._desired is None else self._desired
         floor, floor_reason, floor_detail = self._floor(s)
-        out_held_s = self._held_s(self._out_since_s, now_s)
-        in_held_s = self._held_s(self._in_since_s, now_s)
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
             f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
             f"queue_wait_p95={_fmt(s.queue_wait_p95_s)} {floor_detail}"
         )
         desired, reason = base, HOLD
-        if self._out_reason is not None and out_held_s >= p.scale_out_window_s:
-            cold = now_s - self._last_out_s < p.cold_start_s and s.replicas_ready < base
-            if cold:
-                reason = HOLD_COLD_START
-            else:
-                desired = max(base + max(1, math.ceil(base * p.scale_out_step_ratio)), floor)
-                reason = self._out_reason
-        if reason == HOLD and floor > base:
+        if self._out_reason is not None and not settled:
+            reason = HOLD_COLD_START
+        elif self._out_reason is not None and self._held_s(self._out_since_s, now_s) >= p.scale_out_window_s:
+            desired = max(base + max(1, math.ceil(base * p.scale_out_step_ratio)), floor)
+            reason = self._out_reason
+        if reason in (HOLD, HOLD_COLD_START) and floor > base:
             desired, reason = floor, floor_reason
-        if reason == HOLD and self._in_since_s is not None and in_held_s >= p.scale_in_window_s:
+        if reason == HOLD and self._held_s(self._in_since_s, now_s) >= p.scale_in_window_s:
             if now_s - self._last_out_s < p.scale_down_delay_s:
                 reason = HOLD_STABILIZING
             elif base > max(floor, p.min_replicas):
@@ -166,6 +170,12 @@ class PoolAutoscaler:
             desired, reason = p.min_replicas, MIN_REPLICAS
         self._record(desired, s.replicas_current, now_s)
         return Recommendation(self.pool, desired, reason, detail)
+
+    def _settle(self, s: PoolSignals) -> None:
+        if self._settled_s is None and (
+            s.replicas_ready == self._desired or s.time_s - self._changed_s >= self.policy.cold_start_s
+        ):
+            self._settled_s = s.time_s
 
     def _track(self, s: PoolSignals) -> None:
         p = self.policy
@@ -179,33 +189,39 @@ class PoolAutoscaler:
             self._in_since_s = None
         elif self._in_since_s is None:
             self._in_since_s = s.time_s
-        self._rates.append((s.time_s, s.prompt_tokens_per_s, s.output_tokens_per_s))
+        if self._settled_s is not None:
+            self._rates.append((s.time_s, s.prompt_tokens_per_s, s.output_tokens_per_s))
         while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
             self._rates.popleft()
 
     def _held_s(self, since_s: float | None, now_s: float) -> float:
-        """How long a condition has held, counting only since the last change of replicas."""
-        if since_s is None:
+        """How long a condition has held, counting only since the last change took effect."""
+        if since_s is None or self._settled_s is None:
             return -math.inf
-        return now_s - max(since_s, self._last_change_s)
+        return now_s - max(since_s, self._settled_s)
 
-    def _projected(self, index: int) -> float:
-        """The rate at ``index`` (1 prompt, 2 output) expected one cold start from now."""
+    def _projected(self, s: PoolSignals, index: int) -> float:
+        """The rate at ``index`` (1 prompt, 2 output) expected one cold start from now. Growth is
+        measured only at constant capacity (since the last change took effect): while replicas
+        come up, served rates rise with capacity, not with demand."""
+        current = s.prompt_tokens_per_s if index == 1 else s.output_tokens_per_s
+        if len(self._rates) < 2:
+            return current
         first, last = self._rates[0], self._rates[-1]
         span_s = last[0] - first[0]
         growth = (last[index] - first[index]) / span_s if span_s > 0 else 0.0
-        return last[index] + max(0.0, growth) * self.policy.cold_start_s
+        return current + max(0.0, growth) * self.policy.cold_start_s
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
         p = self.policy
         best, reason, parts = 0, SCALE_OUT_TOKEN_RATE, []
         if p.prefill_capacity_tokens_per_s is not None and s.role in (Role.PREFILL, Role.MIXED):
-            rate = self._projected(1)
+            rate = self._projected(s, 1) + s.prompt_tokens_queued / p.backlog_drain_s
             n = replicas_for_rate(rate, p.prefill_capacity_tokens_per_s, p.target_utilization_ratio)
-            parts.append(f"prefill_rate_projected={rate:.0f}/s->{n}")
+            parts.append(f"prefill_demand={rate:.0f}/s->{n}")
             best = max(best, n)
         if p.decode_capacity_tokens_per_s is not None and s.role in (Role.DECODE, Role.MIXED):
-            rate = self._projected(2)
+            rate = self._projected(s, 2)
             n = replicas_for_rate(rate, p.decode_capacity_tokens_per_s, p.target_utilization_ratio)
             parts.append(f"decode_rate_projected={rate:.0f}/s->{n}")
             best = max(best, n)
@@ -219,7 +235,9 @@ class PoolAutoscaler:
     def _record(self, desired: int, current: int, now_s: float) -> None:
         previous = self._desired if self._desired is not None else current
         if desired != previous:
-            self._last_change_s = now_s
+            self._changed_s = now_s
+            self._settled_s = None
+            self._rates.clear()
             if desired > previous:
                 self._last_out_s = now_s
         self._desired = desired

@@ -137,6 +137,14 @@ class PoolPolicy(BaseModel):
             "Default 120. Example: 300"
         ),
     )
+    backlog_drain_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds in which token-rate sizing should also clear the prompt tokens already waiting: "
+            "the prefill rate sized is served rate + waiting tokens / this. Default 60. Example: 120"
+        ),
+    )
     growth_window_s: float = Field(
         default=60.0,
         gt=0,

@@ -90,7 +90,7 @@ def test_scale_in_is_slower_and_smaller_than_scale_out() -> None:
     out = run(PoolAutoscaler("chat", policy()), 0, 600, replicas=8, **HOT)
     first_out = next(r for r in out if r.desired_replicas != 8)
     assert first_out.desired_replicas == 10
-    recs = run(PoolAutoscaler("chat", policy()), 0, 1200, replicas=10, **IDLE)
+    recs = run(PoolAutoscaler("chat", policy()), 0, 1500, replicas=10, **IDLE)
     times = [i * STEP_S for i, r in enumerate(recs) if r.reason == SCALE_IN_IDLE]
     assert times[0] == 600
     assert recs[int(600 / STEP_S)].desired_replicas == 9
@@ -184,9 +184,13 @@ def test_mixed_pool_takes_the_larger_phase_answer() -> None:
     assert {r.desired_replicas for r in decode_slow} == {6}, "prefill idle but decode not fast: no scale-in"
 
 
-def test_queue_wait_scales_out_on_its_own() -> None:
-    recs = run(PoolAutoscaler("chat", policy()), 0, 60, queue_wait_p95_s=5.0, kv_occupancy_ratio=0.5)
-    assert (recs[-1].desired_replicas, recs[-1].reason) == (5, SCALE_OUT_QUEUE_WAIT)
+def test_queue_wait_on_a_full_pool_scales_out_whatever_the_ttft() -> None:
+    full = run(
+        PoolAutoscaler("chat", policy()), 0, 60, queue_wait_p95_s=5.0, kv_occupancy_ratio=0.9, ttft_p95_s=1
+    )
+    assert (full[-1].desired_replicas, full[-1].reason) == (5, SCALE_OUT_QUEUE_WAIT)
+    draining = run(PoolAutoscaler("chat", policy()), 0, 300, queue_wait_p95_s=5.0, kv_occupancy_ratio=0.3)
+    assert {r.desired_replicas for r in draining} == {4}, "a long wait with free cache is a backlog's tail"
 
 
 def test_token_rate_sizing_applies_at_once() -> None:
