@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 
-from admission.tokenizer import message_text, prompt_text
+from admission.tokenizer import prompt_text
 
 VLLM_VERSION = "0.10.1.1"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -48,6 +48,7 @@ class GenerationRequest:
     chat: bool
     model: str
     prompt: str
+    messages: list[dict[str, Any]]
     max_tokens: int | None
     n: int
     stream: bool
@@ -102,6 +103,7 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
             return _bad("messages must contain at least one message.", "messages")
         prompt = ""
     else:
+        messages = []
         raw_prompt = body.get("prompt")
         if not isinstance(raw_prompt, str) and not (
             isinstance(raw_prompt, list) and raw_prompt and all(isinstance(p, str) for p in raw_prompt)
@@ -140,6 +142,7 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
         chat=chat,
         model=model,
         prompt=prompt,
+        messages=messages,
         max_tokens=max_tokens,
         n=n or 1,
         stream=bool(stream),
@@ -147,12 +150,6 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
         ignore_eos=bool(ignore_eos),
         min_tokens=min_tokens,
     )
-
-
-def chat_messages(raw: bytes) -> list[dict[str, Any]]:
-    """The messages of an already validated chat body."""
-    messages: list[dict[str, Any]] = orjson.loads(raw)["messages"]
-    return [{"role": m.get("role", "user"), "content": message_text(m.get("content"))} for m in messages]
 
 
 def length_error(max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> ApiError | None:

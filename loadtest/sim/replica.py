@@ -35,7 +35,6 @@ from loadtest.sim.protocol import (
     WORDS,
     ApiError,
     StreamTemplates,
-    chat_messages,
     full_response,
     length_error,
     model_not_found,
@@ -48,6 +47,7 @@ _ENCODE_CACHE_ENTRIES = 2048
 # A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far
 # behind in real seconds; beyond that it re-anchors on the clock and counts the gap as lag.
 _CATCH_UP_REAL_S = 0.05
+_METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 _NOT_FOUND = b'{"detail":"Not Found"}'
 _METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
 _ROUTES = {
@@ -423,9 +423,7 @@ class SimReplica:
         elif path == "/v1/completions":
             self._generate(conn, request, chat=False)
         elif path == "/metrics":
-            conn.respond(
-                200, render_metrics(self.engine, self.model, self.lag_s), b"text/plain; version=0.0.4"
-            )
+            conn.respond(200, render_metrics(self.engine, self.model, self.lag_s), _METRICS_TYPE)
         elif path == "/health":
             conn.respond(200, b"")
         elif path == "/v1/models":
@@ -456,7 +454,7 @@ class SimReplica:
         if isinstance(parsed, ApiError):
             conn.respond(parsed.status, parsed.body())
             return
-        text = self._template.render(chat_messages(request.body)) if chat else parsed.prompt
+        text = self._template.render(parsed.messages) if chat else parsed.prompt
         token_ids, hashes = self._encode(text)
         prompt_tokens = len(token_ids)
         too_long = length_error(self.max_model_len, prompt_tokens, parsed.max_tokens)
@@ -554,7 +552,7 @@ class SimReplica:
         messages = body.get("messages")
         prompt = body.get("prompt")
         if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-            text = self._template.render(chat_messages(request.body))
+            text = self._template.render(messages)
         elif isinstance(prompt, str):
             text = prompt
         else:
