@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -150,3 +151,9 @@ def test_labelled_children_are_cached() -> None:
         metrics.observe_ttft("decode", MODEL, 0.1)
         metrics.count_tokens("decode", MODEL, 1, 1)
     assert len(metrics._children) == before
+
+
+def test_every_metric_is_documented() -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "autoscaling.md").read_text()
+    missing = [name for name in WORK_GAUGES + HISTOGRAMS + COUNTERS if f"`{name}`" not in doc]
+    assert not missing
