@@ -299,7 +299,7 @@ def _run_doc(result: RunResult) -> dict[str, Any]:
         "started_epoch_s": result.started_epoch_s,
         "wall_s": result.wall_s,
         "cpu_s": result.cpu_s,
-        "records": [{**asdict(r), "itl_s": list(r.itl_s)} for r in result.records],
+        "records": [{**asdict(r), "itl_s": [round(gap, 6) for gap in r.itl_s]} for r in result.records],
         "signals": [{"at_s": s.at_s, **s.payload} for s in result.signals],
     }
 

@@ -17,7 +17,7 @@ import contextlib
 import random
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -26,6 +26,8 @@ import orjson
 
 from loadtest.client import Client, RequestRecord, RetryPolicy
 from loadtest.workload import Trace, TraceRequest
+
+Send = Callable[[TraceRequest, bytes], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +160,7 @@ async def run_with_session(
     )
 
 
-async def _open_loop(trace: Trace, bodies: list[bytes], one: Any, origin_s: float) -> None:
+async def _open_loop(trace: Trace, bodies: list[bytes], one: Send, origin_s: float) -> None:
     tasks: set[asyncio.Task[None]] = set()
     for request, body in zip(trace.requests, bodies, strict=True):
         delay_s = origin_s + (request.at_s or 0.0) - time.perf_counter()
