@@ -80,7 +80,6 @@ class _Exchange:
         "response_id",
         "seqs",
         "single_stream",
-        "started",
         "stream",
         "templates",
         "texts",
@@ -112,7 +111,6 @@ class _Exchange:
         self.remaining = n
         self.seqs: list[EngineRequest] = []
         self.buf: list[bytes] = []
-        self.started = False
         self.texts: list[list[bytes]] = [[] for _ in range(n)]
         self.finish_reasons = ["stop"] * n
         self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
@@ -184,9 +182,6 @@ class _Exchange:
         data = b"".join(self.buf)
         self.buf.clear()
         self._record(data)
-        if not self.started:
-            self.started = True
-            conn.start_stream()
         if done:
             self.replica._finish(self)
             conn.end_stream(data)
@@ -503,6 +498,9 @@ class SimReplica:
         self._exchanges.add(exchange)
         self._idle.clear()
         request.on_disconnect = exchange.on_disconnect
+        if parsed.stream:
+            # As vLLM's StreamingResponse: status and headers at once, events from the first token.
+            conn.start_stream()
         self._wake.set()
 
     def _models_body(self) -> bytes:
