@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -22,7 +23,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from gateway.signals import Clock, PoolWork, PoolWorkSource, SignalsWindow
+from gateway.signals import Clock, PoolWindows, PoolWork, PoolWorkSource, SignalsWindow
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -172,6 +173,19 @@ def _work_families(work: list[PoolWork]) -> Iterator[Metric]:
     yield from (prefill, replica_occ, pool_occ, ready, warming, replicas)
 
 
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """Every labelled child and window one (pool, model) pair's events touch, looked up once."""
+
+    ttft: Any
+    itl: Any
+    queue_wait: Any
+    e2e: Any
+    prompt_tokens: Any
+    output_tokens: Any
+    windows: PoolWindows
+
+
 class _NoWork:
     def pool_work(self) -> Iterable[PoolWork]:
         return ()
@@ -243,6 +257,8 @@ class GatewayMetrics:
             "kvgate_output_tokens", "Output tokens streamed back to clients.", pm, registry=r
         )
         self._children: dict[tuple[object, ...], Any] = {}
+        self._series: dict[tuple[str, str], _Series] = {}
+        self._clock = clock
         r.register(_WorkCollector(self))
 
     def bind(self, work_source: PoolWorkSource) -> None:
@@ -258,21 +274,40 @@ class GatewayMetrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
+    def _series_for(self, pool: str, model: str) -> _Series:
+        series = self._series.get((pool, model))
+        if series is None:
+            windows = self.signals.pool_windows(pool)
+            series = self._series[(pool, model)] = _Series(
+                ttft=self._ttft.labels(pool, model),
+                itl=self._itl.labels(pool, model),
+                queue_wait=self._queue_wait.labels(pool, model),
+                e2e=self._e2e.labels(pool, model),
+                prompt_tokens=self._prompt_tokens.labels(pool, model),
+                output_tokens=self._output_tokens.labels(pool, model),
+                windows=windows,
+            )
+        return series
+
     def observe_ttft(self, pool: str, model: str, seconds: float) -> None:
-        self._child(self._ttft, pool, model).observe(seconds)
-        self.signals.observe_latency("ttft", pool, seconds)
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        series.ttft.observe(seconds)
+        series.windows.latency["ttft"].observe(seconds, self._clock())
 
     def observe_itl(self, pool: str, model: str, seconds: float) -> None:
-        self._child(self._itl, pool, model).observe(seconds)
-        self.signals.observe_latency("itl", pool, seconds)
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        series.itl.observe(seconds)
+        series.windows.latency["itl"].observe(seconds, self._clock())
 
     def observe_queue_wait(self, pool: str, model: str, seconds: float) -> None:
-        self._child(self._queue_wait, pool, model).observe(seconds)
-        self.signals.observe_latency("queue_wait", pool, seconds)
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        series.queue_wait.observe(seconds)
+        series.windows.latency["queue_wait"].observe(seconds, self._clock())
 
     def observe_e2e(self, pool: str, model: str, seconds: float) -> None:
-        self._child(self._e2e, pool, model).observe(seconds)
-        self.signals.observe_latency("e2e", pool, seconds)
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        series.e2e.observe(seconds)
+        series.windows.latency["e2e"].observe(seconds, self._clock())
 
     def count_decision(self, decision: str, reason: str, *, pool: str = "", model: str = "") -> None:
         """One admission outcome; ``pool``/``model`` empty when the request never reached a pool
@@ -282,8 +317,9 @@ class GatewayMetrics:
 
     def count_tokens(self, pool: str, model: str, prompt_tokens: int, output_tokens: int) -> None:
         """Tokens of one finished request (call once per request, at its end)."""
-        self._child(self._prompt_tokens, pool, model).inc(prompt_tokens)
-        self._child(self._output_tokens, pool, model).inc(output_tokens)
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        series.prompt_tokens.inc(prompt_tokens)
+        series.output_tokens.inc(output_tokens)
         self.signals.count_tokens(pool, prompt_tokens, output_tokens)
 
     def observe_tokenizer_ratio(self, model: str, estimated_tokens: int, actual_tokens: int) -> None:

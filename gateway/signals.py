@@ -192,7 +192,7 @@ class CountWindow:
 
 
 @dataclass(slots=True)
-class _PoolWindows:
+class PoolWindows:
     latency: dict[str, LatencyWindow]
     prompt_tokens: CountWindow
     output_tokens: CountWindow
@@ -214,14 +214,14 @@ class SignalsWindow:
         self._clock = clock
         self.window_s = window_s
         self.quantile = quantile
-        self._pools: dict[str, _PoolWindows] = {}
+        self._pools: dict[str, PoolWindows] = {}
         self._desired: dict[str, Desired] = {}
 
-    def _pool(self, pool: str) -> _PoolWindows:
+    def pool_windows(self, pool: str) -> PoolWindows:
         windows = self._pools.get(pool)
         if windows is None:
             w = self.window_s
-            windows = _PoolWindows(
+            windows = PoolWindows(
                 latency={kind: LatencyWindow(w) for kind in LATENCY_KINDS},
                 prompt_tokens=CountWindow(w),
                 output_tokens=CountWindow(w),
@@ -232,17 +232,17 @@ class SignalsWindow:
         return windows
 
     def observe_latency(self, kind: str, pool: str, value_s: float) -> None:
-        self._pool(pool).latency[kind].observe(value_s, self._clock())
+        self.pool_windows(pool).latency[kind].observe(value_s, self._clock())
 
     def count_tokens(self, pool: str, prompt_tokens: int, output_tokens: int) -> None:
         now_s = self._clock()
-        windows = self._pool(pool)
+        windows = self.pool_windows(pool)
         windows.prompt_tokens.add(prompt_tokens, now_s)
         windows.output_tokens.add(output_tokens, now_s)
         windows.requests.add(1, now_s)
 
     def count_decision(self, pool: str, decision: str) -> None:
-        decisions = self._pool(pool).decisions
+        decisions = self.pool_windows(pool).decisions
         window = decisions.get(decision)
         if window is None:
             window = decisions[decision] = CountWindow(self.window_s)
@@ -263,7 +263,7 @@ class SignalsWindow:
         return {"time_s": now_s, "window_s": self.window_s, "quantile": self.quantile, "pools": pools}
 
     def _pool_doc(self, pw: PoolWork, now_s: float) -> dict[str, Any]:
-        windows = self._pool(pw.pool)
+        windows = self.pool_windows(pw.pool)
         q = self.quantile
         desired = self._desired.get(pw.pool)
         return {

@@ -146,11 +146,12 @@ def test_instances_do_not_share_a_registry() -> None:
 
 def test_labelled_children_are_cached() -> None:
     metrics = populated()
-    before = len(metrics._children)
+    before = (len(metrics._children), len(metrics._series))
     for _ in range(100):
         metrics.observe_ttft("decode", MODEL, 0.1)
         metrics.count_tokens("decode", MODEL, 1, 1)
-    assert len(metrics._children) == before
+        metrics.count_decision("admit", "fits", pool="decode", model=MODEL)
+    assert (len(metrics._children), len(metrics._series)) == before
 
 
 def test_every_metric_is_documented() -> None:
