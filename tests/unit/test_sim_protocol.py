@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.sim.engine import Engine
@@ -149,3 +153,21 @@ def test_metrics_page_parses_with_every_vllm_name_and_label() -> None:
     assert ttft["vllm:time_to_first_token_seconds_count"] == 1.0
     itl = families["vllm:inter_token_latency_seconds"]
     assert [s.value for s in itl.samples if s.labels.get("le") == "+Inf"] == [2.0]
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+_FIELDS = ["model", "messages", "prompt", "max_tokens", "max_completion_tokens", "n", "min_tokens", "stream"]
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.dictionaries(st.sampled_from([*_FIELDS, "stream_options", "ignore_eos"]), _JSON), st.booleans())
+def test_any_json_body_gets_an_answer_not_an_exception(body: dict[str, object], chat: bool) -> None:
+    parsed = parse_generation(json.dumps(body).encode(), chat, MODEL)
+    if isinstance(parsed, ApiError):
+        assert parsed.status in (400, 404)
+    else:
+        assert parsed.n >= 1 and (parsed.max_tokens is None or parsed.max_tokens >= 1)
