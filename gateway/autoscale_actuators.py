@@ -114,6 +114,9 @@ def kubernetes_apps_api() -> ScaleApi:
     try:
         loader.load_incluster_config()
     except loader.ConfigException:
-        loader.load_kube_config()
+        try:
+            loader.load_kube_config()
+        except (loader.ConfigException, OSError) as exc:
+            raise ValueError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from exc
     api: ScaleApi = client.AppsV1Api()
     return api

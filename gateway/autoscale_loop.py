@@ -177,5 +177,9 @@ def run_autoscale(args: argparse.Namespace) -> int:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"autoscale: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(run_loop(args.gateway, args.actuator, config, args, iterations=args.iterations))
+    try:
+        asyncio.run(run_loop(args.gateway, args.actuator, config, args, iterations=args.iterations))
+    except ValueError as exc:
+        print(f"autoscale: {exc}", file=sys.stderr)
+        return 2
     return 0
