@@ -174,7 +174,9 @@ async def serving_cost(replicas: int, streams: int, duration_s: float, time_scal
     print(f"== serving cost: {replicas} replicas x {streams} streams, {elapsed:.1f} s, scale {time_scale:g}")
     rate = f"({tokens / elapsed:,.0f}/s; client saw {counts[0]:,} events)"
     print(f"streamed tokens        {tokens:>10,.0f}   {rate}")
-    print(f"simulator CPU          {cpu_s:>10.2f} s    ({cpu_s / elapsed * 100:.0f} % of one core)")
+    user_s = cpu_after.user - cpu_before.user
+    share = f"({cpu_s / elapsed * 100:.0f} % of one core; user {user_s:.2f} s, system {cpu_s - user_s:.2f} s)"
+    print(f"simulator CPU          {cpu_s:>10.2f} s    {share}")
     print(f"client CPU             {own_s:>10.2f} s    ({own_s / elapsed * 100:.0f} % of one core)")
     print(f"CPU per streamed token {per_token_us:>10.1f} us   (target <= {_CPU_TARGET_US:g} us)")
     print(f"step-loop lag          {lag_ratio * 100:>10.2f} %    (target < {_LAG_LIMIT_RATIO * 100:g} %)")
