@@ -80,7 +80,6 @@ class _Exchange:
         "response_id",
         "seqs",
         "single_stream",
-        "stream",
         "templates",
         "texts",
     )
@@ -101,7 +100,6 @@ class _Exchange:
         self.replica = replica
         self.conn = conn
         self.chat = chat
-        self.stream = stream
         self.include_usage = include_usage
         self.response_id = response_id
         self.model = model
