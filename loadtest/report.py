@@ -231,6 +231,8 @@ def write_report(
             lines.append(
                 f"> **{result.target.name}**: the trace ran out before the duration; raise --requests"
             )
+    if len({r.class_name for result in results for r in result.records}) > 1:
+        lines += ["", "## By request class", "", class_table(results, slo), ""]
     if ratios:
         lines += ["", f"## Ratios against `{baseline}`", "", ratio_table(ratios), ""]
     lines += ["", "## Plots", ""]
@@ -247,8 +249,7 @@ def write_report(
                 "ratios": ratios,
                 "summaries": [asdict(s) for s in summaries],
                 "runs": [_run_doc(result) for result in results],
-            },
-            option=orjson.OPT_INDENT_2,
+            }
         )
     )
     return [report, results_path, *plots]
@@ -264,6 +265,28 @@ def _describe_class(klass: Any) -> str:
     if klass.turns.describe() != "1":
         text += f", {klass.turns.describe()} turns"
     return text
+
+
+def class_table(results: Sequence[RunResult], slo: Slo) -> str:
+    """Per target and request class: count, goodput share, TTFT p50/p95 and ITL p95."""
+    lines = [
+        "| target | class | requests | goodput | TTFT p50 / p95 | ITL p95 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        names = sorted({r.class_name for r in result.records})
+        for name in names:
+            records = [r for r in result.records if r.class_name == name]
+            ok = [r for r in records if r.ok]
+            good = sum(1 for r in records if r.meets_slo(slo.ttft_s, slo.itl_s))
+            ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+            itl = [gap for r in ok for gap in r.itl_s]
+            lines.append(
+                f"| {result.target.name} | {name} | {len(records)} | {good / len(records):.1%} | "
+                f"{_fmt_s(percentile(ttft, 0.5))} / {_fmt_s(percentile(ttft, 0.95))} | "
+                f"{_fmt_s(percentile(itl, 0.95))} |"
+            )
+    return "\n".join(lines)
 
 
 def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> str:
@@ -371,7 +394,7 @@ def write_plots(out_dir: Path, results: Sequence[RunResult], slo: Slo) -> list[P
         paths.append(_save(fig, out_dir / f"{name}.png", plt))
     fig, axes = plt.subplots(len(results), 1, figsize=(7, 2.6 * len(results)), squeeze=False)
     for ax, result in zip(axes[:, 0], results, strict=True):
-        series = timeline(result.records, slo)
+        series = timeline(result.records, slo, bucket_s=max(1.0, round(result.wall_s / 40)))
         ax.plot(series["t_s"], series["sent"], label="sent/s")
         ax.plot(series["t_s"], series["goodput"], label="goodput/s")
         ax.plot(series["t_s"], series["rejects"], label="rejects/s")

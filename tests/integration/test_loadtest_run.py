@@ -88,7 +88,9 @@ async def test_report_matches_what_the_simulator_counted(tmp_path: Path) -> None
     assert saved["summaries"][0]["prompt_tokens"] == counts["vllm:prompt_tokens_total"]
     assert saved["summaries"][0]["completion_tokens"] == counts["vllm:generation_tokens_total"]
     assert len(saved["runs"][0]["records"]) == len(trace.requests)
-    assert "Summary" in (tmp_path / "report.md").read_text()
+    report = (tmp_path / "report.md").read_text()
+    assert "Summary" in report
+    assert "By request class" in report
 
 
 async def test_report_matches_the_simulator_through_kvgate(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 import pytest
 
 from loadtest.client import RequestRecord
-from loadtest.report import Slo, percentile, signal_series, summarize, timeline
+from loadtest.report import Slo, class_table, percentile, signal_series, summarize, timeline
 from loadtest.runner import RunResult, SignalSample, Target
 
 SLO = Slo(ttft_s=1.0, itl_s=0.05)
@@ -105,3 +105,11 @@ def test_signal_series_prefers_scraped_occupancy_and_tolerates_junk() -> None:
     assert series["default"]["t_s"] == [1.0, 2.0]
     assert series["default"]["kv_occupancy"] == [0.4, 0.6]
     assert series["default"]["queued_prompt_tokens"] == [300.0, 0.0]
+
+
+def test_class_table_splits_goodput_by_class() -> None:
+    records = [_record(0, class_name="short"), _record(1, class_name="long", ttft_s=3.0)]
+    table = class_table([_result(records)], SLO)
+    rows = table.splitlines()[2:]
+    assert rows[0].startswith("| t | long | 1 | 0.0% |")
+    assert rows[1].startswith("| t | short | 1 | 100.0% |")
