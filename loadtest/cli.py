@@ -25,8 +25,9 @@ from loadtest.workload import PRESETS, Trace, Workload, build_trace, load_worklo
 T = TypeVar("T")
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``loadtest`` (and ``loadtest compare``); handlers are set as both ``run`` and ``func``."""
+    parser = subparsers.add_parser(
         "loadtest",
         help="drive an OpenAI-compatible target with a token-aware workload and report goodput",
         description="Drive a gateway (or anything OpenAI-compatible) and write report.md, results.json "
@@ -34,7 +35,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     _add_common(parser)
     parser.add_argument("--target", help="base URL, e.g. http://127.0.0.1:8080 (a trailing /v1 is fine)")
-    parser.set_defaults(func=main_run, targets=None)
+    parser.set_defaults(run=main_run, func=main_run, targets=None)
     commands = parser.add_subparsers(dest="loadtest_command")
     compare = commands.add_parser(
         "compare",
@@ -53,8 +54,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     compare.add_argument("--baseline", help="target name ratios are taken against (default: the first)")
     compare.add_argument("--slices", type=int, default=4, help="interleaving slices (default 4)")
-    compare.set_defaults(func=main_compare)
-    return parser
+    compare.set_defaults(run=main_compare, func=main_compare)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
