@@ -15,7 +15,7 @@ from loadtest.compare import ratios, run_compare
 from loadtest.report import Slo, summarize, write_report
 from loadtest.runner import RunOptions, Target, run
 from loadtest.sim.fleet import SimFleet
-from loadtest.workload import Trace, build_trace, parse_workload
+from loadtest.workload import Trace, build_trace, load_workload, parse_workload, with_overrides
 from tests.integration.conftest import assert_idle, gateway_config
 
 SMALL = {
@@ -139,3 +139,18 @@ async def test_compare_plays_the_same_trace_to_every_target(tmp_path: Path) -> N
     assert table["a"]["goodput"] == 1.0
     write_report(tmp_path, trace, results, SLO, ratios=table, baseline="a")
     assert "Ratios against `a`" in (tmp_path / "report.md").read_text()
+
+
+async def _prefix_cache_hit_ratio(workload: str) -> float:
+    trace = build_trace(with_overrides(load_workload(workload), duration_s=1.5, rate_rps=10.0), 0)
+    async with SimFleet(replicas=1, time_scale=0.01, seed=0) as fleet:
+        await run(Target("sim", fleet.urls[0]), trace)
+        async with aiohttp.ClientSession() as session, session.get(fleet.urls[0] + "/metrics") as response:
+            text = await response.text()
+    values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return float(values["vllm:prefix_cache_hits_total"] / values["vllm:prefix_cache_queries_total"])
+
+
+async def test_only_shared_prefixes_hit_the_prefix_cache() -> None:
+    assert await _prefix_cache_hit_ratio("chat") == 0.0
+    assert await _prefix_cache_hit_ratio("shared-prefix") > 0.5
