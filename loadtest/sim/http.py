@@ -84,8 +84,12 @@ class Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError:
-            self._keep_alive = False
-            self._write_response(400, b'{"detail":"Invalid HTTP request"}', b"application/json")
+            if self.transport is None:
+                return
+            if self._current is None:
+                self._keep_alive = False
+                self._write_response(400, b'{"detail":"Invalid HTTP request"}', b"application/json")
+            self.transport.close()
 
     # httptools callbacks
     def on_message_begin(self) -> None:

@@ -291,3 +291,17 @@ async def test_client_disconnect_aborts_the_sequence(http: aiohttp.ClientSession
         assert engine.num_running == 0 and engine.stats.request_success["abort"] == 1
         with contextlib.suppress(Exception):
             response.release()
+
+
+async def test_raw_http_pipelining_and_garbage(fleet: SimFleet) -> None:
+    host, port = fleet.urls[0].removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\nGET /version HTTP/1.1\r\nhost: x\r\n\r\n")
+    first = await reader.readuntil(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200") and b"content-length: 0" in first
+    second = await reader.readuntil(b"}")
+    assert b"HTTP/1.1 200" in second and b'"version"' in second
+    writer.write(b"\x00\x01 not http at all\r\n\r\n")
+    garbage = await reader.read()
+    assert garbage.startswith(b"HTTP/1.1 400") and b"connection: close" in garbage
+    writer.close()
