@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     compare.add_argument("--baseline", help="target name ratios are taken against (default: the first)")
     compare.add_argument("--slices", type=int, default=4, help="interleaving slices (default 4)")
+    compare.add_argument(
+        "--same-prompts",
+        action="store_true",
+        help="send every target the same prompt texts (default: own texts per target, same lengths and "
+        "times, so targets sharing replicas do not hit each other's prefix cache)",
+    )
     compare.set_defaults(run=main_compare, func=main_compare)
 
 
@@ -66,6 +72,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
     parser.add_argument("--requests", type=int, dest="max_requests", help="cap on the trace's requests")
     parser.add_argument("--seed", type=int, default=0, help="fixes the trace (default 0)")
+    parser.add_argument(
+        "--prompt-salt",
+        type=int,
+        default=0,
+        help="new prompt texts, same lengths and times (rerunning against a warm prefix cache)",
+    )
     parser.add_argument("--model", help="model name (default: first of GET /v1/models)")
     parser.add_argument("--slo-ttft-s", type=float, help="TTFT target for goodput (default: workload's)")
     parser.add_argument("--slo-itl-s", type=float, help="mean ITL target for goodput (default: workload's)")
@@ -88,7 +100,7 @@ def _prepare(args: argparse.Namespace) -> tuple[Workload, Trace, RunOptions, Slo
         slo_ttft_s=args.slo_ttft_s,
         slo_itl_s=args.slo_itl_s,
     )
-    trace = build_trace(workload, args.seed)
+    trace = build_trace(workload, args.seed, salt=args.prompt_salt)
     options = RunOptions(
         retry=RetryPolicy(max_retries=args.max_retries) if args.retry else None,
         progress=None if args.no_progress else sys.stderr,
@@ -121,7 +133,9 @@ def main_compare(args: argparse.Namespace) -> int:
         targets = [_parse_target(spec, args.model) for spec in args.targets]
         baseline = args.baseline or targets[0].name
         _, trace, options, slo = _prepare(args)
-        results = run_async(run_compare(targets, trace, options, slice_count=args.slices))
+        results = run_async(
+            run_compare(targets, trace, options, slice_count=args.slices, same_prompts=args.same_prompts)
+        )
         summaries = summaries_for(results, slo)
         table = ratios(summaries, baseline)
     except (ValueError, OSError, aiohttp.ClientError) as exc:

@@ -25,7 +25,7 @@ from loadtest.runner import (
     new_session,
     run_with_session,
 )
-from loadtest.workload import Trace
+from loadtest.workload import Trace, build_trace
 
 
 def slices(trace: Trace, count: int) -> list[tuple[float, Trace]]:
@@ -57,19 +57,40 @@ def order(targets: Sequence[Target], slice_index: int) -> list[Target]:
 
 
 async def run_compare(
-    targets: Sequence[Target], trace: Trace, options: RunOptions, *, slice_count: int = 4
+    targets: Sequence[Target],
+    trace: Trace,
+    options: RunOptions,
+    *,
+    slice_count: int = 4,
+    same_prompts: bool = False,
 ) -> list[RunResult]:
-    """Play every slice of ``trace`` against every target, interleaved; one merged result per target."""
+    """Play every slice of ``trace`` against every target, interleaved; one merged result per target.
+
+    Unless ``same_prompts``, each target gets the trace with its own prompt texts (same classes,
+    lengths and send times), so gateways sharing replicas never hit the cache another one warmed."""
     if len({t.name for t in targets}) != len(targets) or len(targets) < 2:
         raise ValueError("compare needs at least two targets with distinct names")
+    traces = {
+        t.name: trace
+        if same_prompts
+        else build_trace(trace.workload, trace.seed, salt=target_salt(trace.salt, i))
+        for i, t in enumerate(targets)
+    }
+    sliced = {name: slices(t, slice_count) for name, t in traces.items()}
     parts: dict[str, list[tuple[float, RunResult]]] = {t.name: [] for t in targets}
     async with new_session(options.connector_limit) as session:
         models = {t.name: t.model or await discover_model(session, t.base_url) for t in targets}
-        for index, (start_s, part) in enumerate(slices(trace, slice_count)):
+        for index in range(max(1, slice_count)):
             for target in order(targets, index):
+                start_s, part = sliced[target.name][index]
                 result = await run_with_session(session, target, models[target.name], part, options)
                 parts[target.name].append((start_s, result))
     return [_merge(target, models[target.name], parts[target.name]) for target in targets]
+
+
+def target_salt(base_salt: int, position: int) -> int:
+    """Distinct prompt salts per target position, and per base salt (up to 63 targets)."""
+    return base_salt * 64 + position + 1
 
 
 def _merge(target: Target, model: str, parts: list[tuple[float, RunResult]]) -> RunResult:

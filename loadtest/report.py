@@ -209,7 +209,8 @@ def write_report(
         workload.description,
         "",
         f"- targets: {', '.join(f'`{r.target.name}` {r.target.url} (model `{r.model}`)' for r in results)}",
-        f"- trace: seed {trace.seed}, {len(trace.requests)} requests, {trace.prompt_tokens} prompt tokens, "
+        f"- trace: seed {trace.seed}, prompt salt {trace.salt}, {len(trace.requests)} requests, "
+        f"{trace.prompt_tokens} prompt tokens, "
         + (
             f"closed loop at concurrency {workload.concurrency}"
             if workload.closed_loop
@@ -303,6 +304,7 @@ def _workload_doc(trace: Trace) -> dict[str, Any]:
     return {
         "name": workload.name,
         "seed": trace.seed,
+        "salt": trace.salt,
         "requests": len(trace.requests),
         "prompt_tokens": trace.prompt_tokens,
         "duration_s": workload.duration_s,

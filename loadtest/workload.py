@@ -140,6 +140,7 @@ class Trace:
     seed: int
     requests: tuple[TraceRequest, ...]
     duration_s: float
+    salt: int = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -272,10 +273,16 @@ def build_trace(
     seed: int,
     *,
     factory: PromptFactory | None = None,
+    salt: int = 0,
 ) -> Trace:
     """The requests a seed makes of a workload: open loop by its arrival schedule, closed loop up to
-    ``max_requests`` (default: enough for the concurrency to run the duration at one request/s each)."""
+    ``max_requests`` (default: enough for the concurrency to run the duration at one request/s each).
+
+    ``salt`` changes every text and nothing else (same classes, lengths and send times): replaying
+    a trace against a warm fleet, or against several gateways sharing replicas, would otherwise
+    measure the prefix cache left behind by the previous run."""
     factory = factory or default_factory()
+    salt_key = salt << 64
     mix_rng = random.Random(f"{seed}:mix")
     if workload.closed_loop:
         count = workload.max_requests or int(
@@ -300,7 +307,7 @@ def build_trace(
         klass = mix_rng.choices(workload.classes, weights)[0]
         user_tokens = klass.prompt_tokens.sample(mix_rng)
         max_tokens = max(1, klass.output_tokens.sample(mix_rng))
-        user_text = factory.text(mix_rng.getrandbits(64), user_tokens)
+        user_text = factory.text(salt_key + mix_rng.getrandbits(64), user_tokens)
         session: _Session | None = None
         if klass.system_prompts > 0 or klass.turns != Fixed(1):
             live = sessions[klass.name]
@@ -318,7 +325,10 @@ def build_trace(
                 system_rng = random.Random(f"{seed}:{klass.name}:system:{session.system_index}")
                 system_tokens = klass.system_prompt_tokens.sample(system_rng)
                 messages.append(
-                    {"role": "system", "content": factory.text(system_rng.getrandbits(64), system_tokens)}
+                    {
+                        "role": "system",
+                        "content": factory.text(salt_key + system_rng.getrandbits(64), system_tokens),
+                    }
                 )
                 prompt_tokens += system_tokens
             messages.extend(session.history)
@@ -338,7 +348,7 @@ def build_trace(
             )
         )
         if session is not None:
-            reply = factory.text(mix_rng.getrandbits(64), max_tokens)
+            reply = factory.text(salt_key + mix_rng.getrandbits(64), max_tokens)
             session.history += [
                 {"role": "user", "content": user_text},
                 {"role": "assistant", "content": reply},
@@ -347,7 +357,9 @@ def build_trace(
             session.turns_left -= 1
             if session.turns_left <= 0:
                 sessions[klass.name].remove(session)
-    return Trace(workload=workload, seed=seed, requests=tuple(requests), duration_s=workload.duration_s)
+    return Trace(
+        workload=workload, seed=seed, requests=tuple(requests), duration_s=workload.duration_s, salt=salt
+    )
 
 
 def _payload(workload: Workload, messages: list[dict[str, str]], max_tokens: int) -> dict[str, Any]:

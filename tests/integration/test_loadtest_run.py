@@ -131,9 +131,11 @@ async def test_compare_plays_the_same_trace_to_every_target(tmp_path: Path) -> N
     for result, count in zip(results, counts, strict=True):
         assert [r.index for r in result.records] == [r.index for r in trace.requests]
         assert count["vllm:request_success_total"] == len(trace.requests)
-    assert sum(r.prompt_tokens for r in results[0].records) == sum(
-        r.prompt_tokens for r in results[1].records
-    )
+    # Own texts per target, same lengths: the server's count differs at most where its chat template
+    # meets the text's last token.
+    for first, second in zip(results[0].records, results[1].records, strict=True):
+        assert abs(first.prompt_tokens - second.prompt_tokens) <= 2
+        assert first.completion_tokens == second.completion_tokens
     summaries = [summarize(r, SLO) for r in results]
     table = ratios(summaries, "a")
     assert table["a"]["goodput"] == 1.0

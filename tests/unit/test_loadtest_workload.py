@@ -143,3 +143,16 @@ def test_yaml_file_workload(tmp_path: Path) -> None:
 def test_unknown_workload_names_the_presets() -> None:
     with pytest.raises(ValueError, match="shared-prefix"):
         load_workload("nope")
+
+
+def test_salt_changes_texts_but_not_shape() -> None:
+    workload = with_overrides(load_workload("shared-prefix"), duration_s=10.0)
+    plain = build_trace(workload, 4)
+    salted = build_trace(workload, 4, salt=1)
+    shape = [(r.at_s, r.class_name, r.prompt_tokens, r.max_tokens, r.session) for r in plain.requests]
+    assert shape == [
+        (r.at_s, r.class_name, r.prompt_tokens, r.max_tokens, r.session) for r in salted.requests
+    ]
+    plain_texts = {m["content"] for r in plain.requests for m in r.payload["messages"]}
+    salted_texts = {m["content"] for r in salted.requests for m in r.payload["messages"]}
+    assert not plain_texts & salted_texts
