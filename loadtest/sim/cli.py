@@ -16,6 +16,7 @@ from typing import Any
 
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from loadtest.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
+from loadtest.sim.replica import SimReplica
 
 _OVERRIDES = ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
 
@@ -102,13 +103,25 @@ async def _serve(fleet: SimFleet, load_s: float) -> None:
     for url in fleet.urls:
         print(f"  replica {url}/v1  (listening in {load_s:g} s)", flush=True)
     print(f"  control {fleet.control_url}/replicas", flush=True)
+    announcements = [asyncio.create_task(_announce(r)) for r in fleet.replicas]
     stop = asyncio.Event()
     with contextlib.suppress(NotImplementedError):
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
         await stop.wait()
     finally:
+        for task in announcements:
+            task.cancel()
         await fleet.close()
+
+
+async def _announce(replica: SimReplica) -> None:
+    try:
+        await replica.wait_ready()
+    except OSError as exc:
+        print(f"kvgate sim: replica {replica.index} failed to listen: {exc}", file=sys.stderr, flush=True)
+        return
+    print(f"  replica {replica.index} ready: {replica.url}/health answers 200", flush=True)
 
 
 def _runner(main: Any) -> None:

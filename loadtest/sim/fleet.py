@@ -14,6 +14,7 @@ loads; ``DELETE /replicas/{id}`` drains then removes it; ``POST /replicas/{id}/k
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 from collections.abc import Mapping
@@ -30,6 +31,12 @@ from loadtest.sim.replica import SimReplica
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _REPLICA_PATH = re.compile(r"^/replicas/(\d+)(?:/(kill|pause|resume|drain))?$")
+
+
+async def _load(replica: SimReplica, cold_start_s: float) -> None:
+    # A bind failure is kept on the replica (state "failed"); wait_ready() re-raises it.
+    with contextlib.suppress(OSError):
+        await replica.start(cold_start_s)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -99,6 +106,14 @@ class SimFleet:
         await self.close()
 
     async def start(self) -> None:
+        """Start the control API and the initial replicas; on failure, undo what was started."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         if self._control_port is not None:
             self._control = await asyncio.get_running_loop().create_server(
                 lambda: Connection(self._handle_control, self._control_conns),
@@ -148,7 +163,7 @@ class SimFleet:
         )
         self.replicas.append(replica)
         if loading:
-            task = asyncio.create_task(replica.start(cold), name=f"sim-load-{index}")
+            task = asyncio.create_task(_load(replica, cold), name=f"sim-load-{index}")
             self._starts.add(task)
             task.add_done_callback(self._starts.discard)
         else:

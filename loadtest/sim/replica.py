@@ -11,7 +11,8 @@ durations only, one step per loop turn.
 
 Lifecycle: ``starting`` (port closed: connections refused) → ``ready`` ⇄ ``paused`` (accepts, never
 answers) → ``draining`` (port closed, in-flight finish) → ``drained`` → ``removed``; or ``killed``
-from anywhere (open connections reset mid-stream, port closed).
+from anywhere (open connections reset mid-stream, port closed); ``failed`` if the port could not be
+bound when loading ended.
 """
 
 from __future__ import annotations
@@ -238,6 +239,7 @@ class SimReplica:
         self._idle = asyncio.Event()
         self._idle.set()
         self._ready = asyncio.Event()
+        self.error: OSError | None = None
         self._t0 = asyncio.get_running_loop().time()
         self._sim_end_s = 0.0
         self.created = int(time.time())
@@ -267,9 +269,15 @@ class SimReplica:
             return
         self._tokenizer.encode("load the vocabulary now, not on the first request")
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: Connection(self._handle, self._conns), self.host, self.port, reuse_address=True
-        )
+        try:
+            self._server = await loop.create_server(
+                lambda: Connection(self._handle, self._conns), self.host, self.port, reuse_address=True
+            )
+        except OSError as exc:
+            self.state = "failed"
+            self.error = exc
+            self._ready.set()
+            raise
         self.port = self._server.sockets[0].getsockname()[1]
         self.engine.ready_s = self.sim_now()
         self._loop_task = asyncio.create_task(self._run(), name=f"sim-replica-{self.index}")
@@ -277,7 +285,10 @@ class SimReplica:
         self._ready.set()
 
     async def wait_ready(self) -> None:
+        """Wait until the replica serves; raises the ``OSError`` if its port could not be bound."""
         await self._ready.wait()
+        if self.error is not None:
+            raise self.error
 
     def pause(self) -> None:
         if self.state == "ready":

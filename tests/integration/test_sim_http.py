@@ -305,3 +305,17 @@ async def test_raw_http_pipelining_and_garbage(fleet: SimFleet) -> None:
     garbage = await reader.read()
     assert garbage.startswith(b"HTTP/1.1 400") and b"connection: close" in garbage
     writer.close()
+
+
+@pytest.mark.parametrize("cold_start_s", [0.0, 0.05])
+async def test_a_port_in_use_fails_loudly_and_cleans_up(cold_start_s: float) -> None:
+    blocker = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    busy = blocker.sockets[0].getsockname()[1]
+    try:
+        fleet = SimFleet(replicas=1, port=busy, time_scale=1.0, cold_start_s=cold_start_s, overrides=SMALL)
+        with pytest.raises(OSError):
+            await fleet.start()
+        replica = fleet.replicas[0]
+        assert isinstance(replica.error, OSError) and replica.state == "removed"
+    finally:
+        blocker.close()
