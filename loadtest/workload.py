@@ -194,7 +194,7 @@ class PromptFactory:
         self._decode = decode
         corpus = _sentences(random.Random(f"corpus:{corpus_seed}"), corpus_words)
         self._corpus_tokens = tokenizer.encode(corpus)
-        self.text = functools.lru_cache(maxsize=4096)(self._text)
+        self.text = functools.lru_cache(maxsize=1024)(self._text)
 
     @classmethod
     def from_encoding(cls, encoding_name: str = DEFAULT_ENCODING) -> PromptFactory:
