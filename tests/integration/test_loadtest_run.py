@@ -154,5 +154,5 @@ async def _prefix_cache_hit_ratio(workload: str) -> float:
 
 
 async def test_only_shared_prefixes_hit_the_prefix_cache() -> None:
-    assert await _prefix_cache_hit_ratio("chat") == 0.0
+    assert await _prefix_cache_hit_ratio("chat") < 0.1
     assert await _prefix_cache_hit_ratio("shared-prefix") > 0.5
