@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from config.schema import Server
 from gateway.decide import Decider, Refusal
@@ -62,6 +63,7 @@ _NOT_RELAYED = frozenset(
         REQUEST_ID_HEADER,
     }
 )
+_URL_CACHE_SIZE = 4096
 _IDLE_SLACK_RATIO = 0.1
 """The idle deadline is moved only when it has fallen this share of ``idle_s`` behind: one timer
 reschedule per ~10% of the idle timeout instead of one per chunk."""
@@ -77,6 +79,7 @@ class Proxy:
         self._max_body_bytes = server.max_body_bytes
         self._first_byte_s = server.timeouts.first_byte_s
         self._idle_s = server.timeouts.idle_s
+        self._urls: dict[str, URL] = {}
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id, content_length, forward = _scan_headers(scope["headers"])
@@ -123,8 +126,14 @@ class Proxy:
         response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(self._first_byte_s) as deadline:
+                url = replica_url + request.endpoint
+                parsed_url = self._urls.get(url)
+                if parsed_url is None:
+                    if len(self._urls) > _URL_CACHE_SIZE:
+                        self._urls.clear()
+                    parsed_url = self._urls[url] = URL(url)
                 response = await self._session.post(
-                    replica_url + request.endpoint, data=request.raw_body, headers=request.upstream_headers
+                    parsed_url, data=request.raw_body, headers=request.upstream_headers
                 )
                 status = response.status
                 if status >= 500:

@@ -38,6 +38,7 @@ def uvicorn_config(gateway: Gateway, host: str, port: int, log_level: str = "war
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=5,
+        proxy_headers=False,
     )
 
 

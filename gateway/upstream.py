@@ -2,7 +2,8 @@
 
 Sized for thousands of concurrent streams; connections are kept alive per replica. Bodies are
 relayed untouched: no automatic decompression and no ``Accept-Encoding``/``User-Agent`` added, so
-the bytes a client receives are the bytes the replica wrote. aiohttp sets ``TCP_NODELAY`` on every
+the bytes a client receives are the bytes the replica wrote. No cookie jar: one client's cookies
+must never reach another client's request. aiohttp sets ``TCP_NODELAY`` on every
 connection it opens (``aiohttp.base_protocol.BaseProtocol.connection_made``).
 """
 
@@ -25,4 +26,5 @@ def create_session(server: Server) -> aiohttp.ClientSession:
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding", "User-Agent"),
         raise_for_status=False,
+        cookie_jar=aiohttp.DummyCookieJar(),
     )

@@ -168,16 +168,15 @@ async def drive(
     return Result(latencies, time.perf_counter() - start)
 
 
-def _spawn(args: list[str]) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.bench_proxy", *args], stdout=subprocess.PIPE, text=True
-    )
+def _spawn(args: list[str], wrapper: list[str] | None = None) -> subprocess.Popen[str]:
+    command = [*(wrapper or []), sys.executable, "-m", "loadtest.bench_proxy", *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
-    line = process.stdout.readline()
-    if "ready" not in line:
-        process.kill()
-        raise RuntimeError(f"child did not start: {line!r}")
-    return process
+    for line in process.stdout:
+        if line.startswith("ready"):
+            return process
+    process.kill()
+    raise RuntimeError(f"child exited before it was ready: {command}")
 
 
 def _gateway_config(ports: list[int], port: int) -> str:
@@ -214,24 +213,40 @@ async def _wait_ready(url: str) -> None:
     raise RuntimeError("gateway never became ready")
 
 
-async def run(concurrency: int, requests: int, streams: int) -> None:
+SCENARIOS: list[tuple[str, bool, float]] = [
+    ("non-stream", False, 0.0),
+    ("stream", True, 0.0),
+    ("stream paced", True, 5.0),
+]
+"""(name, stream, pace between chunks in ms); streams carry ``CHUNKS`` chunks."""
+
+
+async def run(
+    concurrency: int,
+    requests: int,
+    streams: int,
+    only: set[str] | None = None,
+    profile_out: str | None = None,
+) -> None:
     backend_ports = free_ports(4)
     (gateway_port,) = free_ports(1)
-    backends = _spawn(["--backend", ",".join(map(str, backend_ports))])
-    gateway = _spawn(["--gateway", _gateway_config(backend_ports, gateway_port)])
     gateway_url = f"http://127.0.0.1:{gateway_port}"
+    profiler = ["py-spy", "record", "-o", profile_out, "-f", "raw", "-r", "250", "--"] if profile_out else []
+    processes: list[subprocess.Popen[str]] = []
     try:
+        processes.append(_spawn(["--backend", ",".join(map(str, backend_ports))]))
+        gateway = _spawn(["--gateway", _gateway_config(backend_ports, gateway_port)], wrapper=profiler)
+        processes.append(gateway)
         await _wait_ready(gateway_url)
         gateway_cpu = psutil.Process(gateway.pid)
-        connector = aiohttp.TCPConnector(limit=0)
-        async with aiohttp.ClientSession(connector=connector) as session:
-            rows = []
-            scenarios: list[tuple[str, bool, float, int]] = [
-                ("non-stream", False, 0.0, requests),
-                ("stream 50 back-to-back", True, 0.0, streams),
-                ("stream 50 paced 5 ms", True, 5.0, streams),
-            ]
-            for name, stream, pace_ms, total in scenarios:
+        if profile_out:
+            gateway_cpu = gateway_cpu.children()[0]
+        rows = []
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            for name, stream, pace_ms in SCENARIOS:
+                if only and name not in only:
+                    continue
+                total = streams if stream else requests
                 body = orjson.dumps(
                     {
                         "model": MODEL,
@@ -241,40 +256,68 @@ async def run(concurrency: int, requests: int, streams: int) -> None:
                     }
                 )
                 headers = {"content-type": "application/json", PACE_HEADER: str(pace_ms)}
-                backend_urls = [f"http://127.0.0.1:{p}/v1/chat/completions" for p in backend_ports]
-                await drive(session, backend_urls[0], body, headers, concurrency, concurrency)
-                direct = await _drive_direct(session, backend_urls, body, headers, total, concurrency)
-                await drive(
-                    session, gateway_url + "/v1/chat/completions", body, headers, concurrency, concurrency
-                )
+                direct_urls = [f"http://127.0.0.1:{p}/v1/chat/completions" for p in backend_ports]
+                via_url = gateway_url + "/v1/chat/completions"
+                await drive(session, direct_urls[0], body, headers, concurrency, concurrency)
+                direct = await _drive_direct(session, direct_urls, body, headers, total, concurrency)
+                await drive(session, via_url, body, headers, concurrency, concurrency)
                 before = gateway_cpu.cpu_times()
-                proxied = await drive(
-                    session, gateway_url + "/v1/chat/completions", body, headers, total, concurrency
-                )
+                proxied = await drive(session, via_url, body, headers, total, concurrency)
                 after = gateway_cpu.cpu_times()
                 cpu_s = (after.user - before.user) + (after.system - before.system)
-                rows.append((name, total, cpu_s / total * 1000, direct, proxied))
-        print(
-            f"\nconcurrency {concurrency}, 4 zero-delay backends, gateway pid {gateway.pid}, "
-            f"{os.cpu_count()} CPUs on this machine"
-        )
-        print(
-            f"{'scenario':<24}{'n':>6}{'gw CPU ms/req':>15}{'direct p50':>12}{'via p50':>10}{'added p50':>11}"
-            f"{'direct p99':>12}{'via p99':>10}{'added p99':>11}{'req/s via':>11}"
-        )
-        for name, total, cpu_ms, direct, proxied in rows:
-            d50, v50, d99, v99 = (
-                x * 1000 for x in (direct.p(0.5), proxied.p(0.5), direct.p(0.99), proxied.p(0.99))
-            )
-            print(
-                f"{name:<24}{total:>6}{cpu_ms:>15.3f}{d50:>12.2f}{v50:>10.2f}{v50 - d50:>11.2f}"
-                f"{d99:>12.2f}{v99:>10.2f}{v99 - d99:>11.2f}{total / proxied.wall_s:>11.0f}"
-            )
-        print("latencies in ms; 'added' = through the gateway minus direct, same run, same client")
+                label = f"{name} {CHUNKS} chunks{f' / {pace_ms:g} ms' if pace_ms else ''}" if stream else name
+                rows.append((label, total, cpu_s / total * 1000, direct, proxied))
+            if not only or "serial" in only:
+                rows.append(
+                    await _serial_latency(session, backend_ports[0], gateway_url, gateway_cpu, requests // 8)
+                )
+        _print_table(rows, concurrency)
+        if profile_out:
+            gateway_cpu.terminate()
+            gateway.wait(timeout=60)
     finally:
-        for process in (gateway, backends):
+        for process in reversed(processes):
             process.terminate()
-            process.wait(timeout=10)
+            process.wait(timeout=30)
+
+
+async def _serial_latency(
+    session: aiohttp.ClientSession,
+    backend_port: int,
+    gateway_url: str,
+    gateway_cpu: psutil.Process,
+    total: int,
+) -> tuple[str, int, float, Result, Result]:
+    """One request at a time: the gateway's added latency without CPU queueing in the way."""
+    body = orjson.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
+    )
+    headers = {"content-type": "application/json"}
+    direct = await drive(
+        session, f"http://127.0.0.1:{backend_port}/v1/chat/completions", body, headers, total, 1
+    )
+    before = gateway_cpu.cpu_times()
+    proxied = await drive(session, gateway_url + "/v1/chat/completions", body, headers, total, 1)
+    after = gateway_cpu.cpu_times()
+    cpu_s = (after.user - before.user) + (after.system - before.system)
+    return ("non-stream serial (c=1)", total, cpu_s / total * 1000, direct, proxied)
+
+
+def _print_table(rows: list[tuple[str, int, float, Result, Result]], concurrency: int) -> None:
+    print(f"\nconcurrency {concurrency}, 4 zero-delay backends, {os.cpu_count()} CPUs on this machine")
+    print(
+        f"{'scenario':<30}{'n':>6}{'gw CPU ms/req':>15}{'direct p50':>12}{'via p50':>10}{'added p50':>11}"
+        f"{'direct p99':>12}{'via p99':>10}{'added p99':>11}{'req/s via':>11}"
+    )
+    for name, total, cpu_ms, direct, proxied in rows:
+        d50, v50, d99, v99 = (
+            x * 1000 for x in (direct.p(0.5), proxied.p(0.5), direct.p(0.99), proxied.p(0.99))
+        )
+        print(
+            f"{name:<30}{total:>6}{cpu_ms:>15.3f}{d50:>12.2f}{v50:>10.2f}{v50 - d50:>11.2f}"
+            f"{d99:>12.2f}{v99:>10.2f}{v99 - d99:>11.2f}{total / proxied.wall_s:>11.0f}"
+        )
+    print("latencies in ms; 'added' = through the gateway minus direct, same run, same client")
 
 
 async def _drive_direct(
@@ -299,6 +342,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--requests", type=int, default=4000, help="non-stream requests per side")
     parser.add_argument("--streams", type=int, default=600, help="streams per side and scenario")
+    parser.add_argument(
+        "--py-spy", metavar="FILE", help="run the gateway under py-spy, collapsed stacks to FILE"
+    )
+    parser.add_argument(
+        "--only", help="comma-separated scenarios: non-stream, stream (back-to-back), 'stream paced', serial"
+    )
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--gateway", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -311,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         serve_gateway(args.gateway)
         return 0
-    runner = lambda: run(args.concurrency, args.requests, args.streams)  # noqa: E731
+    only = set(args.only.split(",")) if args.only else None
+    runner = lambda: run(args.concurrency, args.requests, args.streams, only, args.py_spy)  # noqa: E731
     asyncio.run(runner())
     return 0
 
