@@ -13,6 +13,7 @@ import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -114,7 +115,7 @@ def main_run(args: argparse.Namespace) -> int:
         return 1
     try:
         _, trace, options, slo = _prepare(args)
-        target = Target(name="target", url=args.target, model=args.model)
+        target = Target(name=urlsplit(args.target).netloc or args.target, url=args.target, model=args.model)
         result = run_async(run(target, trace, options))
     except (ValueError, OSError, aiohttp.ClientError) as exc:
         print(f"kvgate loadtest: {exc}", file=sys.stderr)
