@@ -108,6 +108,8 @@ class Calibration:
         self._alpha = prompt_ratio_alpha
         self._outputs: dict[str, OutputLengths] = {}
         self._prompts: dict[str, PromptCalibration] = {}
+        self.version = 0
+        """Bumped whenever the learned output lengths change, so derived estimates can be cached."""
 
     def observe_prompt(self, model: str, estimated_tokens: int, actual_tokens: int) -> None:
         if actual_tokens <= 0 or estimated_tokens < 0:
@@ -126,6 +128,7 @@ class Calibration:
 
     def observe_output(self, model: str, output_tokens: int) -> None:
         self.outputs(model).observe(output_tokens)
+        self.version += 1
 
     def prompt(self, model: str) -> PromptCalibration | None:
         return self._prompts.get(model)

@@ -33,12 +33,14 @@ from admission.decision import (
     RejectReason,
 )
 from admission.ledger import Ledger
-from admission.queue import Place, QueuedRequest, QueueStats, WaitQueue
+from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from admission.retry_after import (
     Backlog,
+    FleetDrain,
     ReplicaDrain,
     ResidentWork,
     ServiceRates,
+    completions_s,
     drain_wait_s,
     retry_after,
 )
@@ -65,6 +67,8 @@ class AdmissionController:
         )
         self._next_ticket = 1
         self._last_replicas: tuple[ReplicaView, ...] = ()
+        self._drains: dict[str, tuple[tuple[object, ...], ReplicaDrain]] = {}
+        self._fleet_drain: FleetDrain | None = None
 
     def observe_rates(self, rates: ServiceRates) -> None:
         """Feed smoothed inter-token latency and prefill rate (from the edge's measurements)."""
@@ -98,19 +102,26 @@ class AdmissionController:
             )
         queue_has_room = self._queue.has_room(cost.kv_tokens)
         wait_budget_s, client_bound = self._wait_budget(request)
+        rank = request.tenant.priority.rank
         ticket = self._take_ticket()
-        self._queue.push(QueuedRequest(ticket, request, now_s, now_s + wait_budget_s))
-        walk = self._queue.walk(now_s, self._placer(replicas, now_s), stop_at=ticket)
-        for entry, candidates in walk.placed:
-            if entry.ticket == ticket:
-                self._queue.remove(ticket)
+        entry = QueuedRequest(ticket, request, now_s, now_s + wait_budget_s)
+        fits_now = self._placer(replicas, now_s)(entry)
+        if fits_now:
+            if not self._queue.has_work_at_or_above(rank):
                 self._queue.charge(request.tenant.name, request.tenant.weight, cost.kv_tokens)
-                return Admit(candidates)
-        same_model_ahead = [e for e in walk.ahead if e.request.model == request.model]
-        expected_s = self._expected_wait_s(cost.kv_tokens, same_model_ahead, serving)
+                return Admit(fits_now)
+            self._queue.push(entry)
+            walk = self._queue.walk(now_s, self._placer(replicas, now_s), stop_at=ticket)
+            self._queue.remove(ticket)
+            for placed, candidates in walk.placed:
+                if placed.ticket == ticket:
+                    self._queue.charge(request.tenant.name, request.tenant.weight, cost.kv_tokens)
+                    return Admit(candidates)
+        ahead = self._queue.ahead(request.tenant, rank, request.model)
+        expected_s = self._expected_wait_s(cost.kv_tokens, request.model, ahead, serving)
         if queue_has_room and expected_s <= wait_budget_s:
+            self._queue.push(entry)
             return Queue(ticket, expected_s, now_s + wait_budget_s)
-        self._queue.remove(ticket)
         self.tenants.refund(request.tenant, cost.kv_tokens)
         hint = retry_after(expected_s, self.config.retry_after_cap_s)
         if not queue_has_room:
@@ -169,9 +180,10 @@ class AdmissionController:
             request = entry.request
             self.tenants.refund(request.tenant, entry.kv_tokens)
             serving = [v for v in self._last_replicas if _routable(v, request.model, now_s)]
-            ahead = [e for e in self._queue.entries() if e.request.model == request.model]
-            expected_s = self._expected_wait_s(entry.kv_tokens, ahead, serving) if serving else 0.0
-            if not serving:
+            if serving:
+                ahead = self._queue.ahead(request.tenant, entry.rank, request.model)
+                expected_s = self._expected_wait_s(entry.kv_tokens, request.model, ahead, serving)
+            else:
                 expected_s = self.config.no_replica_retry_after_s
             budget_s, client_bound = self._wait_budget(request)
             reject = self._overload(request, expected_s, budget_s, client_bound)
@@ -216,72 +228,99 @@ class AdmissionController:
         return min(limit, view.max_sequences) if view.max_sequences > 0 else limit
 
     def _placer(self, replicas: Sequence[ReplicaView], now_s: float) -> Place:
-        simulated = {v.replica_id: v for v in replicas}
+        """Places entries on a simulated copy of the fleet, each on the candidate with most room
+        (where least-loaded routing would most likely put it)."""
+        originals = {v.replica_id: v for v in replicas}
+        simulated = dict(originals)
+        best_room: dict[str, int] = {}
 
-        def place(entry: QueuedRequest) -> tuple[ReplicaView, ...]:
+        def place(entry: QueuedRequest) -> tuple[ReplicaView, ...] | None:
+            if not any(
+                v.load.resident_sequences < self._max_active(v) and kv_room_tokens(v) > 0
+                for v in simulated.values()
+            ):
+                return None
             kv_tokens = entry.kv_tokens
             model = entry.request.model
-            fitting = [
-                v
-                for v in simulated.values()
-                if _routable(v, model, now_s) and fits(v, kv_tokens, self._max_active(v))
-            ]
+            if best_room.get(model, kv_tokens) < kv_tokens:
+                return ()
+            serving = [v for v in simulated.values() if _routable(v, model, now_s)]
+            fitting = [v for v in serving if fits(v, kv_tokens, self._max_active(v))]
             if not fitting:
+                best_room[model] = max(
+                    (kv_room_tokens(v) for v in serving if v.load.resident_sequences < self._max_active(v)),
+                    default=0,
+                )
                 return ()
             fitting.sort(key=lambda v: -kv_room_tokens(v))
             chosen = fitting[0]
             load = chosen.load
+            cost = entry.request.cost
             simulated[chosen.replica_id] = dataclasses.replace(
                 chosen,
                 load=dataclasses.replace(
                     load,
-                    prefill_tokens_pending=load.prefill_tokens_pending + entry.request.cost.prompt_tokens,
+                    prefill_tokens_pending=load.prefill_tokens_pending + cost.prompt_tokens,
                     resident_sequences=load.resident_sequences + 1,
-                    remaining_decode_tokens=load.remaining_decode_tokens
-                    + entry.request.cost.max_output_tokens,
+                    remaining_decode_tokens=load.remaining_decode_tokens + cost.max_output_tokens,
                     reserved_kv_tokens=load.reserved_kv_tokens + kv_tokens,
                 ),
             )
-            originals = {v.replica_id: v for v in replicas}
+            best_room.clear()
             return tuple(originals[v.replica_id] for v in fitting)
 
         return place
 
     def _expected_wait_s(
-        self, kv_tokens: int, ahead: Sequence[QueuedRequest], serving: Sequence[ReplicaView]
+        self, kv_tokens: int, model: str, ahead: Ahead, serving: Sequence[ReplicaView]
     ) -> float:
-        drains = [
-            ReplicaDrain(
-                v.replica_id,
-                kv_room_tokens(v),
-                v.capacity_kv_tokens,
-                v.load.resident_sequences,
-                self._max_active(v),
-                tuple(
-                    ResidentWork(
-                        held.kv_tokens,
-                        held.prefill_tokens_pending,
-                        self.calibration.expected_remaining_tokens(
-                            held.cost.model, held.produced_tokens, held.cost.max_output_tokens
-                        ),
-                    )
-                    for held in sorted(self.ledger.resident(v.replica_id), key=lambda h: h.reserved_at_s)
+        expected_output = (
+            ahead.requests
+            * self.calibration.expected_remaining_tokens(
+                model, 0, round(ahead.max_output_tokens / ahead.requests)
+            )
+            if ahead.requests > 0
+            else 0.0
+        )
+        backlog = Backlog(ahead.requests, ahead.kv_tokens, ahead.prompt_tokens, expected_output)
+        drains = tuple(self._drain(v) for v in serving)
+        if self._fleet_drain is None or self._fleet_drain.replicas != drains:
+            self._fleet_drain = FleetDrain.of(drains)
+        return drain_wait_s(kv_tokens, self._fleet_drain, backlog, self.rates)
+
+    def _drain(self, view: ReplicaView) -> ReplicaDrain:
+        """The replica's drain state, cached until its load, the rates or the learned lengths change."""
+        key = (
+            view.load,
+            view.capacity_kv_tokens,
+            self._max_active(view),
+            self.rates,
+            self.calibration.version,
+        )
+        cached = self._drains.get(view.replica_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        resident = sorted(self.ledger.resident(view.replica_id), key=lambda held: held.reserved_at_s)
+        work = [
+            ResidentWork(
+                held.kv_tokens,
+                held.prefill_tokens_pending,
+                self.calibration.expected_remaining_tokens(
+                    held.cost.model, held.produced_tokens, held.cost.max_output_tokens
                 ),
             )
-            for v in serving
+            for held in resident
         ]
-        backlog = Backlog(
-            requests=len(ahead),
-            kv_tokens=sum(e.kv_tokens for e in ahead),
-            prompt_tokens=sum(e.request.cost.prompt_tokens for e in ahead),
-            expected_output_tokens=sum(
-                self.calibration.expected_remaining_tokens(
-                    e.request.model, 0, e.request.cost.max_output_tokens
-                )
-                for e in ahead
-            ),
+        drain = ReplicaDrain(
+            view.replica_id,
+            kv_room_tokens(view),
+            view.capacity_kv_tokens,
+            view.load.resident_sequences,
+            self._max_active(view),
+            completions_s(work, self.rates),
         )
-        return drain_wait_s(kv_tokens, drains, backlog, self.rates)
+        self._drains[view.replica_id] = (key, drain)
+        return drain
 
     def _overload(
         self, request: AdmissionRequest, expected_s: float, budget_s: float, client_bound: bool

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from admission.decision import AdmissionRequest
+from admission.tenants import Tenant
 from routing.replica import ReplicaView
 
 
@@ -54,14 +55,24 @@ class QueueStats:
 @dataclass(frozen=True, slots=True)
 class Walk:
     placed: list[tuple[QueuedRequest, tuple[ReplicaView, ...]]]
-    ahead: list[QueuedRequest]
-    """Entries visited before ``stop_at`` (all of them when not given), placed or not."""
     holding: QueuedRequest | None
-    """The aged entry that capacity is being held for, if any."""
+    """The aged entry that capacity is being held for, if any: the walk stopped there."""
 
 
-Place = Callable[[QueuedRequest], tuple[ReplicaView, ...]]
-"""Tries to place an entry on the simulated fleet; the candidates it fits on, or () if none."""
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """Queued work expected to be dispatched before a given request (fractions where fairness
+    interleaves tenants, hence floats)."""
+
+    requests: float = 0.0
+    kv_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    max_output_tokens: float = 0.0
+
+
+Place = Callable[[QueuedRequest], tuple[ReplicaView, ...] | None]
+"""Tries to place an entry on the simulated fleet: the candidates it fits on, () if it does not
+fit, None when nothing more can fit anywhere (the walk stops)."""
 
 
 class WaitQueue:
@@ -77,6 +88,8 @@ class WaitQueue:
         self._deadlines: list[tuple[float, int]] = []
         self._kv_tokens = 0
         self._prompt_tokens = 0
+        self._sums: dict[tuple[int, str], dict[str, list[int]]] = {}
+        """(rank, tenant) -> model -> [requests, kv, prompt, max output] queued."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -90,10 +103,7 @@ class WaitQueue:
     def push(self, entry: QueuedRequest) -> None:
         tenants = self._classes.setdefault(entry.rank, {})
         name = entry.request.tenant.name
-        if not any(name in t for t in self._classes.values()):
-            waiting = [self._counters.get(n, 0.0) for t in self._classes.values() for n in t]
-            floor = min(waiting) if waiting else self._virtual_time
-            self._counters[name] = max(self._counters.get(name, 0.0), floor)
+        self._counters[name] = max(self._counters.get(name, 0.0), self._floor(name))
         mine = tenants.setdefault(name, {})
         last = next(reversed(mine), None)
         mine[entry.ticket] = entry
@@ -102,6 +112,7 @@ class WaitQueue:
         self._entries[entry.ticket] = entry
         self._kv_tokens += entry.kv_tokens
         self._prompt_tokens += entry.request.cost.prompt_tokens
+        self._add_sums(entry, +1)
         heapq.heappush(self._deadlines, (entry.expires_at_s, entry.ticket))
 
     def remove(self, ticket: int) -> QueuedRequest | None:
@@ -117,9 +128,64 @@ class WaitQueue:
                 del self._classes[entry.rank]
         self._kv_tokens -= entry.kv_tokens
         self._prompt_tokens -= entry.request.cost.prompt_tokens
+        self._add_sums(entry, -1)
         if not self._entries:
             self._deadlines.clear()
         return entry
+
+    def _add_sums(self, entry: QueuedRequest, sign: int) -> None:
+        key = (entry.rank, entry.request.tenant.name)
+        models = self._sums.setdefault(key, {})
+        cost = entry.request.cost
+        sums = models.setdefault(cost.model, [0, 0, 0, 0])
+        for i, value in enumerate((1, cost.kv_tokens, cost.prompt_tokens, cost.max_output_tokens)):
+            sums[i] += sign * value
+        if sums[0] == 0:
+            del models[cost.model]
+            if not models:
+                del self._sums[key]
+
+    def has_work_at_or_above(self, rank: int) -> bool:
+        """Is anything queued with the same or a higher priority (a lower or equal rank)?"""
+        return any(r <= rank for r in self._classes)
+
+    def ahead(self, tenant: Tenant, rank: int, model: str) -> Ahead:
+        """Work for ``model`` that the queue order would dispatch before a new request of ``tenant``.
+
+        Higher classes go first entirely, the tenant's own queued requests too (arrival order); of
+        another tenant in the same class, what it is served before the tenant's virtual counter
+        reaches the new request's start: ``(start - its counter) * its weight`` tokens, at most
+        all it has queued.
+        """
+        requests = kv = prompt = output = 0.0
+        own_kv = sum(sums[1] for sums in self._sums.get((rank, tenant.name), {}).values())
+        start = max(self._counters.get(tenant.name, 0.0), self._floor(tenant.name)) + own_kv / tenant.weight
+        for (r, name), models in self._sums.items():
+            sums = models.get(model)
+            if sums is None or r > rank:
+                continue
+            fraction = 1.0
+            if r == rank and name != tenant.name:
+                weight = self._entry_weight(r, name)
+                total_kv = sum(m[1] for m in models.values())
+                served = (start - self._counters.get(name, 0.0)) * weight
+                fraction = min(1.0, max(0.0, served / total_kv)) if total_kv else 0.0
+            requests += fraction * sums[0]
+            kv += fraction * sums[1]
+            prompt += fraction * sums[2]
+            output += fraction * sums[3]
+        return Ahead(requests, kv, prompt, output)
+
+    def _floor(self, tenant_name: str) -> float:
+        """Where the tenant's counter would be lifted to if it became active now."""
+        if any(tenant_name in t for t in self._classes.values()):
+            return 0.0
+        waiting = [self._counters.get(n, 0.0) for t in self._classes.values() for n in t]
+        return min(waiting) if waiting else self._virtual_time
+
+    def _entry_weight(self, rank: int, tenant_name: str) -> float:
+        entries = self._classes[rank][tenant_name]
+        return next(iter(entries.values())).request.tenant.weight
 
     def charge(self, tenant_name: str, weight: float, kv_tokens: int) -> None:
         """Count ``kv_tokens`` of service against the tenant's virtual counter."""
@@ -143,32 +209,29 @@ class WaitQueue:
         return expired
 
     def walk(self, now_s: float, place: Place, stop_at: int | None = None) -> Walk:
-        """Visit entries in dispatch order, placing what fits (nothing is removed or charged)."""
+        """Visit entries in dispatch order, placing what fits (nothing is removed or charged).
+
+        Stops at ``stop_at`` once visited, at an aged entry that does not fit (capacity is held for
+        it) and when ``place`` reports the fleet full.
+        """
         placed: list[tuple[QueuedRequest, tuple[ReplicaView, ...]]] = []
-        ahead: list[QueuedRequest] = []
-        holding: QueuedRequest | None = None
         for entry in self._order(placed):
-            if entry.ticket == stop_at:
-                if holding is None:
-                    candidates = place(entry)
-                    if candidates:
-                        placed.append((entry, candidates))
-                break
-            ahead.append(entry)
-            if holding is not None:
-                continue
             candidates = place(entry)
+            if candidates is None:
+                break
             if candidates:
                 placed.append((entry, candidates))
             elif now_s - entry.enqueued_at_s >= self.hold_after_s:
-                holding = entry
-        return Walk(placed, ahead, holding)
+                return Walk(placed, entry)
+            if entry.ticket == stop_at:
+                break
+        return Walk(placed, None)
 
     def _order(self, placed: list[tuple[QueuedRequest, tuple[ReplicaView, ...]]]) -> Iterator[QueuedRequest]:
         """Dispatch order. Counters advance, for this walk only, as entries in ``placed`` are placed."""
         counters = dict(self._counters)
         for rank in sorted(self._classes):
-            cursors = {name: iter(list(entries.values())) for name, entries in self._classes[rank].items()}
+            cursors = {name: iter(entries.values()) for name, entries in self._classes[rank].items()}
             heads: list[tuple[float, int, str, QueuedRequest]] = []
             for name, cursor in cursors.items():
                 first = next(cursor, None)

@@ -19,6 +19,7 @@ longer estimate is therefore sent as the cap: the client comes back at the cap a
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Sequence
@@ -42,23 +43,24 @@ class ResidentWork:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaDrain:
-    """One routable replica's state for the drain estimate, resident work in reservation order."""
+    """One routable replica's state for the drain estimate."""
 
     replica_id: str
     room_kv_tokens: int
     capacity_kv_tokens: int
     active_sequences: int
     max_active_sequences: int
-    resident: tuple[ResidentWork, ...]
+    completions: tuple[tuple[float, int], ...]
+    """(seconds from now, KV tokens freed) per resident sequence, earliest first: ``completions_s``."""
 
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """Queued work that will be served before the request in question."""
 
-    requests: int = 0
-    kv_tokens: int = 0
-    prompt_tokens: int = 0
+    requests: float = 0.0
+    kv_tokens: float = 0.0
+    prompt_tokens: float = 0.0
     expected_output_tokens: float = 0.0
 
 
@@ -82,53 +84,107 @@ def retry_after(expected_s: float, cap_s: float) -> RetryAfter:
     return RetryAfter(seconds, milliseconds, expected_s)
 
 
-def completion_times_s(replica: ReplicaDrain, rates: ServiceRates) -> list[tuple[float, int]]:
-    """(seconds from now, KV tokens freed) for each resident sequence of ``replica``."""
+def completions_s(resident: Sequence[ResidentWork], rates: ServiceRates) -> tuple[tuple[float, int], ...]:
+    """(seconds from now, KV tokens freed) for each resident sequence, in reservation order given,
+    earliest completion first."""
     times: list[tuple[float, int]] = []
     prefill_ahead_tokens = 0
-    for work in replica.resident:
+    for work in resident:
         prefill_ahead_tokens += work.prefill_tokens_pending
         prefill_done_s = (
             prefill_ahead_tokens / rates.prefill_tokens_per_s if work.prefill_tokens_pending else 0.0
         )
         times.append((prefill_done_s + work.expected_decode_tokens * rates.inter_token_s, work.kv_tokens))
-    return times
+    times.sort()
+    return tuple(times)
 
 
-def drain_wait_s(
-    kv_tokens: int, replicas: Sequence[ReplicaDrain], backlog: Backlog, rates: ServiceRates
-) -> float:
+@dataclass(frozen=True, slots=True)
+class FleetDrain:
+    """The routable replicas' completions merged in time, with running fleet room and free slots,
+    so each estimate is a few binary searches; build once per fleet state with ``of``."""
+
+    replicas: tuple[ReplicaDrain, ...]
+    freed_tokens: tuple[tuple[int, ...], ...]
+    """Per replica, running KV tokens freed after each of its completions."""
+    times_s: tuple[float, ...]
+    room_kv_tokens: tuple[int, ...]
+    """Fleet KV room after each completion in ``times_s``."""
+    free_slots: tuple[int, ...]
+    start_room_kv_tokens: int
+    start_free_slots: int
+
+    @classmethod
+    def of(cls, replicas: Sequence[ReplicaDrain]) -> FleetDrain:
+        freed: list[tuple[int, ...]] = []
+        events: list[list[tuple[float, int, int]]] = []
+        for r in replicas:
+            running = 0
+            mine: list[int] = []
+            gains: list[tuple[float, int, int]] = []
+            for j, (t, tokens) in enumerate(r.completions):
+                running += tokens
+                mine.append(running)
+                gains.append((t, tokens, 1 if r.active_sequences - j <= r.max_active_sequences else 0))
+            freed.append(tuple(mine))
+            events.append(gains)
+        room = sum(r.room_kv_tokens for r in replicas)
+        slots = sum(max(0, r.max_active_sequences - r.active_sequences) for r in replicas)
+        times: list[float] = []
+        rooms: list[int] = []
+        free: list[int] = []
+        running_room, running_slots = room, slots
+        for t, tokens, slot in heapq.merge(*events):
+            running_room += tokens
+            running_slots += slot
+            times.append(t)
+            rooms.append(running_room)
+            free.append(running_slots)
+        return cls(tuple(replicas), tuple(freed), tuple(times), tuple(rooms), tuple(free), room, slots)
+
+
+def drain_wait_s(kv_tokens: int, fleet: FleetDrain, backlog: Backlog, rates: ServiceRates) -> float:
     """Expected seconds until a request needing ``kv_tokens`` fits behind ``backlog``; ``inf`` if no
-    replica could ever hold it."""
-    fitting = [r for r in replicas if r.capacity_kv_tokens >= kv_tokens and r.max_active_sequences > 0]
+    replica could ever hold it.
+
+    Both conditions only become true as completions accumulate (room grows, sequences leave), so
+    the answer is the later of the first instant some replica fits and the first instant the fleet
+    holds the backlog too.
+    """
+    fitting = [r for r in fleet.replicas if r.capacity_kv_tokens >= kv_tokens and r.max_active_sequences > 0]
     if not fitting:
         return math.inf
-    room = {r.replica_id: r.room_kv_tokens for r in replicas}
-    active = {r.replica_id: r.active_sequences for r in replicas}
-    limit = {r.replica_id: r.max_active_sequences for r in replicas}
-    fleet_room = sum(room.values())
-    fleet_slots = sum(max(0, limit[i] - active[i]) for i in room)
-    events = [(t, freed, r.replica_id) for r in replicas for t, freed in completion_times_s(r, rates)]
-    heapq.heapify(events)
+    fit_s = min(
+        (
+            t
+            for r, freed in zip(fleet.replicas, fleet.freed_tokens, strict=True)
+            if (t := _first_fit_s(r, freed, kv_tokens)) is not None
+        ),
+        default=None,
+    )
+    fleet_s = _first_fleet_s(fleet, kv_tokens + backlog.kv_tokens, 1 + backlog.requests)
+    if fit_s is not None and fleet_s is not None:
+        return max(fit_s, fleet_s)
+    last_s = fleet.times_s[-1] if fleet.times_s else 0.0
+    return last_s + _waves_s(kv_tokens, fitting, backlog, rates)
 
-    def satisfied() -> bool:
-        if fleet_room < kv_tokens + backlog.kv_tokens or fleet_slots < 1 + backlog.requests:
-            return False
-        return any(room[i] >= kv_tokens and active[i] < limit[i] for i in room)
 
-    now_s = 0.0
-    if satisfied():
-        return now_s
-    while events:
-        now_s, freed, replica_id = heapq.heappop(events)
-        room[replica_id] += freed
-        fleet_room += freed
-        if active[replica_id] <= limit[replica_id]:
-            fleet_slots += 1
-        active[replica_id] -= 1
-        if satisfied():
-            return now_s
-    return now_s + _waves_s(kv_tokens, fitting, backlog, rates)
+def _first_fit_s(replica: ReplicaDrain, freed: tuple[int, ...], kv_tokens: int) -> float | None:
+    if replica.room_kv_tokens >= kv_tokens and replica.active_sequences < replica.max_active_sequences:
+        return 0.0
+    by_room = bisect.bisect_left(freed, kv_tokens - replica.room_kv_tokens)
+    by_slot = max(0, replica.active_sequences - replica.max_active_sequences)
+    index = max(by_room, by_slot)
+    return replica.completions[index][0] if index < len(freed) else None
+
+
+def _first_fleet_s(fleet: FleetDrain, need_room: float, need_slots: float) -> float | None:
+    if fleet.start_room_kv_tokens >= need_room and fleet.start_free_slots >= need_slots:
+        return 0.0
+    index = max(
+        bisect.bisect_left(fleet.room_kv_tokens, need_room), bisect.bisect_left(fleet.free_slots, need_slots)
+    )
+    return fleet.times_s[index] if index < len(fleet.times_s) else None
 
 
 def _waves_s(

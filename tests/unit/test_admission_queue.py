@@ -7,7 +7,7 @@ import pytest
 
 from admission.cost import CostEstimate
 from admission.decision import AdmissionRequest
-from admission.queue import QueuedRequest, WaitQueue
+from admission.queue import Ahead, QueuedRequest, WaitQueue
 from admission.tenants import Tenant
 from config.admission import PriorityClass
 from routing.replica import ReplicaLoad, ReplicaView, Role
@@ -26,11 +26,11 @@ def entry(tenant: Tenant, kv_tokens: int, at_s: float = 0.0, expires_at_s: float
     return QueuedRequest(ticket, AdmissionRequest(f"q{ticket}", tenant, cost), at_s, expires_at_s)
 
 
-def room(tokens: int) -> Callable[[QueuedRequest], tuple[ReplicaView, ...]]:
+def room(tokens: int) -> Callable[[QueuedRequest], tuple[ReplicaView, ...] | None]:
     """A fleet with ``tokens`` of free KV: places entries while they fit."""
     left = [tokens]
 
-    def place(e: QueuedRequest) -> tuple[ReplicaView, ...]:
+    def place(e: QueuedRequest) -> tuple[ReplicaView, ...] | None:
         if e.kv_tokens <= left[0]:
             left[0] -= e.kv_tokens
             return SLOT
@@ -40,7 +40,7 @@ def room(tokens: int) -> Callable[[QueuedRequest], tuple[ReplicaView, ...]]:
 
 
 def dispatch(
-    queue: WaitQueue, now_s: float, place: Callable[[QueuedRequest], tuple[ReplicaView, ...]]
+    queue: WaitQueue, now_s: float, place: Callable[[QueuedRequest], tuple[ReplicaView, ...] | None]
 ) -> list[QueuedRequest]:
     placed = [e for e, _ in queue.walk(now_s, place).placed]
     for e in placed:
@@ -122,14 +122,30 @@ def test_an_aged_head_holds_capacity_until_it_fits() -> None:
     assert len(queue) == 1
 
 
-def test_walk_reports_entries_ahead_of_a_ticket() -> None:
-    queue = WaitQueue(100, 10**9, hold_after_s=0.0)
+def test_work_ahead_follows_priority_and_fairness() -> None:
+    queue = WaitQueue(100, 10**9, hold_after_s=1e9)
+    heavy, light = Tenant("heavy"), Tenant("light")
+    for _ in range(10):
+        queue.push(entry(heavy, 1000))
+    queue.push(entry(Tenant("pager", priority=PriorityClass.CRITICAL), 300))
+    queue.push(entry(Tenant("batch", priority=PriorityClass.SHEDDABLE), 5000))
+    queue.charge("heavy", 1.0, 2000)
+    queue.charge("light", 1.0, 500)
+    # light starts 1500 tokens behind heavy: heavy's backlog is not ahead of it, the critical work is
+    assert queue.ahead(light, PriorityClass.STANDARD.rank, "m") == Ahead(1, 300, 150, 150)
+    queue.charge("light", 1.0, 3500)  # now 2000 tokens past heavy: two of heavy's requests go first
+    assert queue.ahead(light, PriorityClass.STANDARD.rank, "m") == Ahead(3, 2300, 1150, 1150)
+    assert queue.ahead(heavy, PriorityClass.STANDARD.rank, "m").kv_tokens == 10_300
+    assert queue.ahead(light, PriorityClass.STANDARD.rank, "other-model") == Ahead()
+
+
+def test_walk_stops_at_the_requested_ticket() -> None:
+    queue = WaitQueue(100, 10**9, hold_after_s=1e9)
     first, second, third = (entry(Tenant("a"), 10, at_s=float(i)) for i in range(3))
     for e in (first, second, third):
         queue.push(e)
-    walk = queue.walk(10.0, room(0), stop_at=third.ticket)
-    assert walk.ahead == [first, second]
-    assert walk.holding == first
+    walk = queue.walk(10.0, room(100), stop_at=second.ticket)
+    assert [e.ticket for e, _ in walk.placed] == [first.ticket, second.ticket]
 
 
 def test_cancel_removes_at_once_and_is_idempotent() -> None:
