@@ -325,3 +325,44 @@ def test_settle_refunds_unused_output_to_the_budget() -> None:
     assert isinstance(fleet.decide(req(100, 100, tenant)), Reject)
     fleet.controller.settle(big, used_tokens=150)
     assert isinstance(fleet.decide(req(100, 100, tenant)), Admit)
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0), (1.0, 3.0)])
+def test_contended_fleet_serves_tokens_in_proportion_to_weights(weights: tuple[float, float]) -> None:
+    """Tenant 'long' sends 4000-token requests, tenant 'chat' 100-token ones; both keep a backlog on
+    one replica where every request holds its KV for 1 s. Tokens served follow the weights."""
+    config = AdmissionConfig(
+        max_queue_wait_s=1e6, head_of_line_max_wait_s=2.0, max_active_sequences_per_replica=1000
+    )
+    fleet = Fleet(config, {"a": 20_000})
+    tenants = {"long": (Tenant("long", weights[0]), 2000, 2000), "chat": (Tenant("chat", weights[1]), 50, 50)}
+    backlog = {"long": 10, "chat": 400}  # 40k tokens each: both always want more than their share
+    queued = {"long": 0, "chat": 0}
+    served = {"long": 0, "chat": 0}
+    running: dict[str, tuple[float, str]] = {}
+
+    def started(request: AdmissionRequest) -> None:
+        name = request.tenant.name
+        running[request.request_id] = (fleet.now_s + 1.0, name)
+        if fleet.now_s >= 10.0:
+            served[name] += request.cost.kv_tokens
+
+    for tick in range(600):
+        fleet.now_s = tick * 0.1
+        for rid, (ends_s, _) in list(running.items()):
+            if ends_s <= fleet.now_s:
+                del running[rid]
+                for d in fleet.release(rid):
+                    queued[d.request.tenant.name] -= 1
+                    started(d.request)
+        for name, (tenant, prompt, output) in tenants.items():
+            while queued[name] < backlog[name]:
+                request = req(prompt, output, tenant)
+                decision = fleet.decide(request)
+                if isinstance(decision, Admit):
+                    started(request)
+                else:
+                    assert isinstance(decision, Queue)
+                    queued[name] += 1
+    share_chat = served["chat"] / (served["chat"] + served["long"])
+    assert share_chat == pytest.approx(weights[1] / sum(weights), abs=0.05)
