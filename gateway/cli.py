@@ -4,7 +4,6 @@ its parser and sets ``run`` (``args -> exit code``); adding one is one line in `
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Callable, Sequence
 
@@ -132,7 +131,7 @@ async def _run_up(args: argparse.Namespace) -> None:
         )
         async with running_gateway(config, port=args.port) as gateway:
             print(up_banner(gateway.url, fleet.model, len(fleet.urls), args.profile), flush=True)
-            await asyncio.Event().wait()
+            await gateway.serving
 
 
 def up_banner(url: str, model: str, replicas: int, profile: str) -> str:

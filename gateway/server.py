@@ -20,6 +20,8 @@ from gateway.state import GatewayState
 class RunningGateway:
     url: str
     gateway: Gateway
+    serving: asyncio.Task[None]
+    """Done when the server stops (on exit of the context, or on SIGINT/SIGTERM)."""
 
     @property
     def state(self) -> GatewayState:
@@ -67,7 +69,7 @@ async def running_gateway(config: GatewayConfig, port: int = 0) -> AsyncIterator
             await asyncio.sleep(0.01)
         host, bound_port = sock.getsockname()[:2]
         host = f"[{host}]" if ":" in host else host
-        yield RunningGateway(url=f"http://{host}:{bound_port}", gateway=gateway)
+        yield RunningGateway(url=f"http://{host}:{bound_port}", gateway=gateway, serving=task)
     finally:
         server.should_exit = True
         await task
