@@ -136,3 +136,34 @@ async def test_dns_pool_discovers_replicas(fleet: SimFleet) -> None:
         response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
         assert response.status_code == 200
         await assert_idle(gw)
+
+
+async def test_first_byte_timeout_is_504_and_aborts_the_replica_request() -> None:
+    async with SimFleet(replicas=1, time_scale=1.0) as fleet:
+        config = gateway_config(fleet.urls, server={"port": 0, "timeouts": {"first_byte_s": 0.3}})
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 4000, "ignore_eos": True}
+            response = await http.post("/v1/completions", json=body)
+            assert "timed out" in openai_error(response, 504)["message"]
+            assert await eventually(lambda: fleet.replicas[0].engine.num_running == 0)
+            await assert_idle(gw)
+
+
+async def test_idle_stream_ends_with_an_error_event() -> None:
+    async with SimFleet(replicas=1, time_scale=1.0) as fleet:
+        config = gateway_config(fleet.urls, server={"port": 0, "timeouts": {"idle_s": 0.3}})
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+            body = {"model": MODEL, "prompt": "x", "max_tokens": 4000, "ignore_eos": True, "stream": True}
+            received = bytearray()
+            async with http.stream("POST", "/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                async for raw in response.aiter_raw():
+                    if not received:
+                        await fleet.pause(0)
+                    received += raw
+            last_event = bytes(received).rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+            assert last_event.startswith(b'data: {"error":')
+            assert b"GatewayTimeoutError" in last_event
+            assert b"[DONE]" not in received
+            await fleet.resume(0)
+            await assert_idle(gw)
