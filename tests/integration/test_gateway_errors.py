@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
+from aiohttp import web
 
 from gateway.server import running_gateway
 from loadtest.sim.fleet import SimFleet, free_port
@@ -166,4 +169,45 @@ async def test_idle_stream_ends_with_an_error_event() -> None:
             assert b"GatewayTimeoutError" in last_event
             assert b"[DONE]" not in received
             await fleet.resume(0)
+            await assert_idle(gw)
+
+
+@asynccontextmanager
+async def failing_replica(status: int) -> AsyncIterator[str]:
+    """A replica whose health check passes and whose completions answer ``status`` with a vLLM-shaped body."""
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def complete(request: web.Request) -> web.Response:
+        body = {
+            "error": {"message": "engine died", "type": "InternalServerError", "param": None, "code": status}
+        }
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_replica_5xx_becomes_a_gateway_error() -> None:
+    for status, expected in ((500, 502), (503, 503)):
+        async with (
+            failing_replica(status) as url,
+            running_gateway(gateway_config([url])) as gw,
+            httpx.AsyncClient(base_url=gw.url) as http,
+        ):
+            response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x"})
+            error = openai_error(response, expected)
+            assert "engine died" in error["message"]
+            assert ("retry-after" in response.headers) == (expected == 503)
             await assert_idle(gw)
