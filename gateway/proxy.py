@@ -49,6 +49,7 @@ _NOT_FORWARDED = frozenset(
         b"upgrade",
         b"proxy-connection",
         b"proxy-authorization",
+        b"expect",
         REQUEST_ID_HEADER,
     }
 )
