@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.schema import GatewayConfig, Model, Pool
-from routing.replica import Role
+from routing.replica import Role, ScrapedMetrics
 
 
 @dataclass(slots=True, eq=False)
@@ -28,6 +28,8 @@ class ReplicaState:
     probe_successes: int = 0
     probe_failures: int = 0
     in_flight: int = 0
+    scraped: ScrapedMetrics | None = None
+    """The last scrape of the replica's own ``/metrics``; routing checks its age."""
 
 
 @dataclass(slots=True, eq=False)
