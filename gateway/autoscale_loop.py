@@ -162,7 +162,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--deployment", action="append", default=None, metavar="POOL=NAME", help="Deployment per pool"
     )
-    parser.set_defaults(run=run_autoscale, func=run_autoscale)
+    parser.set_defaults(run=run_autoscale)
 
 
 def run_autoscale(args: argparse.Namespace) -> int:

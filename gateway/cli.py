@@ -9,6 +9,9 @@ from collections.abc import Callable, Sequence
 
 from config.loader import ConfigError, load_config
 from config.schema import GatewayConfig
+from gateway.autoscale_loop import register as register_autoscale
+from loadtest.cli import register as register_loadtest
+from loadtest.sim.cli import register as register_sim
 
 Register = Callable[["argparse._SubParsersAction[argparse.ArgumentParser]"], None]
 
@@ -40,7 +43,14 @@ def register_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     check.set_defaults(run=_config_check)
 
 
-COMMANDS: list[Register] = [register_serve, register_up, register_config]
+COMMANDS: list[Register] = [
+    register_serve,
+    register_up,
+    register_config,
+    register_sim,
+    register_loadtest,
+    register_autoscale,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Serve simulated vLLM replicas (OpenAI API, vLLM /metrics) on consecutive ports.",
     )
     add_arguments(parser)
-    parser.set_defaults(func=run)
+    parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:

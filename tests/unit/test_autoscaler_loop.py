@@ -19,7 +19,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_register_adds_the_autoscale_command() -> None:
     args = parse("--gateway", "http://gw:8080", "--actuator", "sim", "--sim-control", "chat=http://sim:9100")
-    assert args.func is run_autoscale
+    assert args.run is run_autoscale
     assert (args.gateway, args.actuator, args.sim_control) == (
         "http://gw:8080",
         "sim",

@@ -17,7 +17,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def test_sim_subcommand_registers_with_its_options() -> None:
     args = _parse(["sim", "--replicas", "3", "--port", "9100", "--time-scale", "2", "--max-num-seqs", "16"])
-    assert args.func is run
+    assert args.run is run
     assert (args.replicas, args.port, args.time_scale, args.max_num_seqs) == (3, 9100, 2.0, 16)
     assert args.profile == "llama-3.1-8b-h100" and args.cold_start_s is None and args.control_port is None
 
