@@ -17,6 +17,7 @@ from typing import Any
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from loadtest.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
 from loadtest.sim.replica import SimReplica
+from routing.replica import Role
 
 _OVERRIDES = ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
 
@@ -29,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--control-port", type=int, default=None, help="control API port (default --port + 100)"
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
+    parser.add_argument(
+        "--role",
+        default="mixed",
+        choices=[r.value for r in Role],
+        help="mixed (default), prefill (one token, KV handed off) or decode (takes transferred KV)",
+    )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
     parser.add_argument(
         "--time-scale", type=float, default=1.0, help="multiplies every simulated duration (default 1)"
@@ -80,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port,
         control_port=control_port,
         wait_ready=False,
+        role=args.role,
     )
     with contextlib.suppress(KeyboardInterrupt):
         _runner(_serve(fleet, cold_start_s * args.time_scale))
@@ -97,7 +105,7 @@ async def _serve(fleet: SimFleet, load_s: float) -> None:
     print(
         f"kvgate sim: {len(fleet.replicas)} x {fleet.model} ({profile.name}, "
         f"{profile.kv_capacity_tokens} KV tokens, max_num_seqs {profile.max_num_seqs}, "
-        f"time scale {fleet.time_scale:g})",
+        f"time scale {fleet.time_scale:g}, role {fleet.role.value})",
         flush=True,
     )
     for url in fleet.urls:

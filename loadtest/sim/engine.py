@@ -6,7 +6,11 @@ continues in chunks), then waiting ones in arrival order while ``max_num_seqs`` 
 ``max_num_batched_tokens`` allow. KV blocks are allocated only for the tokens scheduled now, so the
 cache is over-committed; when a running sequence cannot get a block, the last running sequence is
 preempted by recompute (its blocks freed, back to the front of the queue) and nothing new is
-admitted in that step. A sequence leaving the queue first reuses its longest cached prompt prefix.
+admitted in that step. A sequence leaving the queue first reuses its longest cached prompt prefix;
+one whose prompt KV was transferred from a prefill instance (disaggregated serving) takes blocks
+for the rest of its prompt as already computed, so only its last prompt token is run, as vLLM's
+decode instance does once a connector has loaded the remote KV. A preempted sequence has lost that
+KV and prefills itself.
 The engine does no I/O and reads no clock: the same inputs always give the same steps, which is
 what lets tests and discrete-event replays drive it synchronously.
 """
@@ -37,6 +41,7 @@ class EngineRequest:
     target_tokens: int
     arrival_s: float
     handle: Any = None
+    kv_transferred: bool = False
     num_computed_tokens: int = 0
     num_output_tokens: int = 0
     num_registered_blocks: int = 0
@@ -115,7 +120,9 @@ class Engine:
         ignore_eos: bool = False,
         prompt_hashes: Sequence[int] | None = None,
         handle: Any = None,
+        kv_transferred: bool = False,
     ) -> EngineRequest:
+        """Queue one sequence; ``kv_transferred``: its prompt KV arrives from a prefill instance."""
         if ignore_eos:
             target = max_tokens
         else:
@@ -134,6 +141,7 @@ class Engine:
             target_tokens=max(1, target),
             arrival_s=arrival_s,
             handle=handle,
+            kv_transferred=kv_transferred,
         )
         self._waiting.append(request)
         return request
@@ -189,15 +197,17 @@ class Engine:
             max_hit_blocks = (request.num_tokens - 1) // block_size
             hits = self.pool.cached_prefix(request.prompt_hashes[:max_hit_blocks])
             num_cached = len(hits) * block_size
-            num_new = min(request.num_tokens - num_cached, budget)
+            num_done = request.num_tokens - 1 if request.kv_transferred else num_cached
+            num_new = min(request.num_tokens - num_done, budget)
             self.pool.touch(hits)
-            fresh = self.pool.allocate(-(-(num_cached + num_new) // block_size) - len(hits))
+            fresh = self.pool.allocate(-(-(num_done + num_new) // block_size) - len(hits))
             if fresh is None:
                 self.pool.free(hits)
                 break
             self._waiting.popleft()
             request.blocks = hits + fresh
-            request.num_computed_tokens = num_cached
+            request.num_computed_tokens = num_done
+            request.kv_transferred = False
             request.num_registered_blocks = len(hits)
             self.stats.prefix_cache_queries_tokens += request.num_tokens
             self.stats.prefix_cache_hits_tokens += num_cached

@@ -5,10 +5,10 @@ happened to it since; ``live`` lists the ones not killed or removed. Ports are c
 (``port`` … ``port + N - 1``, or free ephemeral ports when ``port`` is 0), so a replica's URL is
 known during its cold start while its port still refuses connections.
 
-Control API (``control_port``; JSON in and out): ``GET /replicas`` lists ``{id, url, state}``;
-``POST /replicas`` adds one (body ``{"cold_start_s": S}``, optional) and answers at once while it
-loads; ``DELETE /replicas/{id}`` drains then removes it; ``POST /replicas/{id}/kill``, ``/pause``,
-``/resume`` and ``/drain`` apply that fault or transition.
+Control API (``control_port``; JSON in and out): ``GET /replicas`` lists ``{id, url, port, state,
+role}``; ``POST /replicas`` adds one (body ``{"cold_start_s": S, "role": R}``, both optional) and
+answers at once while it loads; ``DELETE /replicas/{id}`` drains then removes it;
+``POST /replicas/{id}/kill``, ``/pause``, ``/resume`` and ``/drain`` apply that fault or transition.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from admission.tokenizer import ChatTemplate, Tokenizer
 from loadtest.sim.http import Connection, Request
 from loadtest.sim.profile import DEFAULT_PROFILE, resolve_profile
 from loadtest.sim.protocol import parse_body
-from loadtest.sim.replica import SimReplica
+from loadtest.sim.replica import SimReplica, parse_role
+from routing.replica import Role
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _REPLICA_PATH = re.compile(r"^/replicas/(\d+)(?:/(kill|pause|resume|drain))?$")
@@ -64,12 +65,14 @@ class SimFleet:
         wait_ready: bool = True,
         tokenizer: Tokenizer | None = None,
         chat_template: ChatTemplate | None = None,
+        role: Role | str = Role.MIXED,
     ) -> None:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
         if time_scale < 0:
             raise ValueError(f"time_scale must be >= 0, got {time_scale}")
         self.profile = resolve_profile(profile, overrides)
+        self.role = parse_role(role)
         self.model = model
         self.time_scale = time_scale
         self.cold_start_s = cold_start_s
@@ -139,11 +142,13 @@ class SimFleet:
                 conn.abort()
             self._control = None
 
-    async def add_replica(self, cold_start_s: float | None = None) -> SimReplica:
+    async def add_replica(
+        self, cold_start_s: float | None = None, role: Role | str | None = None
+    ) -> SimReplica:
         """Create a replica and begin loading it; it listens once its cold start has passed.
 
-        With no cold start the replica is serving when this returns; otherwise await
-        ``replica.wait_ready()``.
+        ``role`` defaults to the fleet's. With no cold start the replica is serving when this
+        returns; otherwise await ``replica.wait_ready()``.
         """
         index = len(self.replicas)
         cold = self.cold_start_s if cold_start_s is None else cold_start_s
@@ -160,6 +165,7 @@ class SimFleet:
             record_streams=self.record_streams,
             tokenizer=self._tokenizer,
             chat_template=self._chat_template,
+            role=self.role if role is None else role,
         )
         self.replicas.append(replica)
         if loading:
@@ -198,7 +204,13 @@ class SimFleet:
 
     # control API
     def _describe(self, replica: SimReplica) -> dict[str, Any]:
-        return {"id": replica.index, "url": replica.url, "port": replica.port, "state": replica.state}
+        return {
+            "id": replica.index,
+            "url": replica.url,
+            "port": replica.port,
+            "state": replica.state,
+            "role": replica.role.value,
+        }
 
     def _handle_control(self, conn: Connection, request: Request) -> None:
         task = asyncio.create_task(self._control_request(conn, request))
@@ -221,7 +233,12 @@ class SimFleet:
                 cold = body.get("cold_start_s", self.cold_start_s)
                 if isinstance(cold, bool) or not isinstance(cold, int | float) or cold < 0:
                     return 400, {"detail": f"cold_start_s must be a number >= 0, got {cold!r}"}
-                replica = await self.add_replica(float(cold))
+                role = body.get("role", self.role)
+                try:
+                    parse_role(role)
+                except ValueError as exc:
+                    return 400, {"detail": str(exc)}
+                replica = await self.add_replica(float(cold), role)
                 return 201, self._describe(replica)
             return 405, {"detail": "Method Not Allowed"}
         match = _REPLICA_PATH.match(path)

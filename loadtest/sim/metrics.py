@@ -2,7 +2,8 @@
 
 Names, types and the ``model_name``/``engine`` labels follow vLLM v1's Prometheus logger, so the
 gateway's scraper and dashboards cannot tell the simulator from vLLM. The simulator's own health
-(how far its step loop ran behind schedule) is exported next to them as ``kvgate_sim_*``.
+(how far its step loop ran behind schedule) and its role in disaggregated prefill/decode serving
+are exported next to them as ``kvgate_sim_*``.
 Rendered on demand by string building: a scrape costs nothing between scrapes.
 """
 
@@ -16,7 +17,9 @@ def _fmt(value: float) -> str:
     return repr(float(value))
 
 
-def render_metrics(engine: Engine, model: str, lag_s: float, engine_index: int = 0) -> bytes:
+def render_metrics(
+    engine: Engine, model: str, lag_s: float, role: str = "mixed", engine_index: int = 0
+) -> bytes:
     labels = f'engine="{engine_index}",model_name="{model}"'
     stats = engine.stats
     lines: list[str] = []
@@ -79,6 +82,8 @@ def render_metrics(engine: Engine, model: str, lag_s: float, engine_index: int =
         f'num_gpu_blocks="{profile.num_gpu_blocks}",enable_prefix_caching="True",'
         f'cache_dtype="auto",gpu_memory_utilization="0.9"}} 1.0'
     )
+    family("kvgate_sim_role_info", "gauge", "The replica's role in disaggregated serving (label role).")
+    lines.append(f'kvgate_sim_role_info{{{labels},role="{role}"}} 1.0')
     counter("kvgate_sim_lag_seconds", lag_s, "Simulated seconds the step loop started steps behind schedule.")
     counter("kvgate_sim_busy_seconds", stats.busy_s, "Simulated seconds the engine spent running steps.")
     gauge(

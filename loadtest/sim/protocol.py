@@ -55,6 +55,13 @@ class GenerationRequest:
     include_usage: bool
     ignore_eos: bool
     min_tokens: int
+    kv_transfer_params: dict[str, Any] | None
+    """P/D disaggregation metadata, passed through as vLLM's connectors receive it."""
+
+    @property
+    def remote_prefill(self) -> bool:
+        """The prompt's KV was computed by a prefill instance (``do_remote_prefill``)."""
+        return bool(self.kv_transfer_params and self.kv_transfer_params.get("do_remote_prefill"))
 
 
 def _bad(message: str, param: str | None = None) -> ApiError:
@@ -136,6 +143,9 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
         if not isinstance(stream_options, dict):
             return _bad("stream_options must be an object.", "stream_options")
     ignore_eos = body.get("ignore_eos", False)
+    kv_transfer_params = body.get("kv_transfer_params")
+    if kv_transfer_params is not None and not isinstance(kv_transfer_params, dict):
+        return _bad("kv_transfer_params must be an object.", "kv_transfer_params")
     if model != served_model:
         return model_not_found(model)
     return GenerationRequest(
@@ -149,6 +159,7 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
         include_usage=bool(stream_options and stream_options.get("include_usage")),
         ignore_eos=bool(ignore_eos),
         min_tokens=min_tokens,
+        kv_transfer_params=kv_transfer_params,
     )
 
 
@@ -216,6 +227,7 @@ def full_response(
     finish_reasons: list[str],
     prompt_tokens: int,
     completion_tokens: int,
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> bytes:
     choices: list[dict[str, Any]]
     if chat:
@@ -248,5 +260,6 @@ def full_response(
                 "prompt_tokens_details": None,
             },
             "prompt_logprobs": None,
+            "kv_transfer_params": kv_transfer_params,
         }
     )

@@ -13,6 +13,13 @@ Lifecycle: ``starting`` (port closed: connections refused) → ``ready`` ⇄ ``p
 answers) → ``draining`` (port closed, in-flight finish) → ``drained`` → ``removed``; or ``killed``
 from anywhere (open connections reset mid-stream, port closed); ``failed`` if the port could not be
 bound when loading ended.
+
+Role (as in disaggregated prefill/decode serving): a ``mixed`` replica serves requests whole. A
+``prefill`` replica runs every request as a prefill instance given ``max_tokens=1``: one token, then
+its KV is handed off (freed) and a non-streamed response carries the ``kv_transfer_params`` a decode
+instance needs. A ``decode`` replica skips the prefill of a request whose ``kv_transfer_params`` say
+``do_remote_prefill``: its prompt blocks are allocated as if transferred and only the last prompt
+token runs before decoding; without them it serves the request as a mixed replica would.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from loadtest.sim.protocol import (
     parse_generation,
 )
 from routing.prefix_hash import block_hashes
+from routing.replica import Role
 
 _ENCODE_CACHE_ENTRIES = 2048
 # A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far
@@ -73,6 +81,7 @@ class _Exchange:
         "finish_reasons",
         "framed",
         "include_usage",
+        "kv_transfer_params",
         "model",
         "prompt_tokens",
         "record",
@@ -115,6 +124,7 @@ class _Exchange:
         self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
         self.single_stream = stream and n == 1
         self.framed: list[bytes | None] = [None] * len(WORDS)
+        self.kv_transfer_params: dict[str, object] | None = None
 
     def send_token(self, seq: EngineRequest) -> None:
         """The hot path: one mid-stream token of a single-choice stream, written at once."""
@@ -168,6 +178,7 @@ class _Exchange:
                     self.finish_reasons,
                     self.prompt_tokens,
                     sum(s.num_output_tokens for s in self.seqs),
+                    self.kv_transfer_params,
                 )
                 self._record(body)
                 self.replica._finish(self)
@@ -211,9 +222,11 @@ class SimReplica:
         record_streams: bool = False,
         tokenizer: Tokenizer | None = None,
         chat_template: ChatTemplate | None = None,
+        role: Role | str = Role.MIXED,
     ) -> None:
         if time_scale < 0:
             raise ValueError(f"time_scale must be >= 0, got {time_scale}")
+        self.role = parse_role(role)
         self.index = index
         self.profile = profile
         self.model = model
@@ -427,7 +440,7 @@ class SimReplica:
         elif path == "/v1/completions":
             self._generate(conn, request, chat=False)
         elif path == "/metrics":
-            conn.respond(200, render_metrics(self.engine, self.model, self.lag_s), _METRICS_TYPE)
+            conn.respond(200, render_metrics(self.engine, self.model, self.lag_s, self.role), _METRICS_TYPE)
         elif path == "/health":
             conn.respond(200, b"")
         elif path == "/v1/models":
@@ -461,13 +474,14 @@ class SimReplica:
         text = self._template.render(parsed.messages) if chat else parsed.prompt
         token_ids, hashes = self._encode(text)
         prompt_tokens = len(token_ids)
-        too_long = length_error(self.max_model_len, prompt_tokens, parsed.max_tokens)
+        role = self.role
+        requested_max = 1 if role is Role.PREFILL else parsed.max_tokens
+        too_long = length_error(self.max_model_len, prompt_tokens, requested_max)
         if too_long is not None:
             conn.respond(too_long.status, too_long.body())
             return
-        max_tokens = (
-            parsed.max_tokens if parsed.max_tokens is not None else self.max_model_len - prompt_tokens
-        )
+        max_tokens = requested_max if requested_max is not None else self.max_model_len - prompt_tokens
+        kv_transferred = role is Role.DECODE and parsed.remote_prefill
         header_id = request.headers.get(b"x-request-id")
         base_id = header_id.decode("latin-1") if header_id else f"{self._id_prefix}{next(self._ids)}"
         response_id = ("chatcmpl-" if chat else "cmpl-") + base_id
@@ -489,6 +503,8 @@ class SimReplica:
             prompt_tokens,
             record,
         )
+        if role is Role.PREFILL:
+            exchange.kv_transfer_params = self._handoff_params(base_id)
         arrival_s = self.sim_now()
         for index in range(parsed.n):
             seq_id = response_id if parsed.n == 1 else f"{response_id}-{index}"
@@ -502,6 +518,7 @@ class SimReplica:
                     ignore_eos=parsed.ignore_eos,
                     prompt_hashes=hashes,
                     handle=(exchange, index),
+                    kv_transferred=kv_transferred,
                 )
             )
         self._exchanges.add(exchange)
@@ -511,6 +528,18 @@ class SimReplica:
             # As vLLM's StreamingResponse: status and headers at once, events from the first token.
             conn.start_stream()
         self._wake.set()
+
+    def _handoff_params(self, request_id: str) -> dict[str, object]:
+        """What a prefill instance's connector returns for the decode instance to pull the KV."""
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self._id_prefix.rstrip("-"),
+            "remote_request_id": request_id,
+            "remote_host": self.host,
+            "remote_port": self.port,
+            "tp_size": 1,
+        }
 
     def _models_body(self) -> bytes:
         return orjson.dumps(
@@ -578,3 +607,12 @@ class SimReplica:
                 }
             ),
         )
+
+
+def parse_role(role: Role | str) -> Role:
+    """``mixed``, ``prefill`` or ``decode``; anything else is a ``ValueError`` naming the choices."""
+    try:
+        return Role(role)
+    except ValueError:
+        choices = ", ".join(r.value for r in Role)
+        raise ValueError(f"role must be one of {choices}, got {role!r}") from None

@@ -34,3 +34,10 @@ def test_unknown_profile_is_rejected_by_the_parser() -> None:
 def test_bad_numbers_exit_2_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_parse(argv)) == 2
     assert "kvgate sim:" in capsys.readouterr().err
+
+
+def test_role_defaults_to_mixed_and_takes_only_the_three_roles() -> None:
+    assert _parse(["sim"]).role == "mixed"
+    assert _parse(["sim", "--role", "prefill"]).role == "prefill"
+    with pytest.raises(SystemExit):
+        _parse(["sim", "--role", "both"])
