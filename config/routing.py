@@ -105,26 +105,6 @@ class RoutingConfig(BaseModel):
             "mean is treated as just ready (weight min_ratio). Default 3. Example: 4"
         ),
     )
-    probe_interval_s: float = Field(
-        default=2.0,
-        gt=0,
-        description="Seconds between active /health probes of one replica. Default 2. Example: 5",
-    )
-    unhealthy_threshold: int = Field(
-        default=3,
-        ge=1,
-        description=(
-            "Consecutive failures (probe failures, connect errors, resets, 5xx) that eject a replica. "
-            "Default 3. Example: 5"
-        ),
-    )
-    healthy_threshold: int = Field(
-        default=1,
-        ge=1,
-        description=(
-            "Consecutive successes that mark a new or returning replica healthy again. Default 1. Example: 2"
-        ),
-    )
     ejection_backoff_base_s: float = Field(
         default=5.0,
         gt=0,

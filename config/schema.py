@@ -83,12 +83,32 @@ class Health(Section):
     healthy_threshold: int = Field(
         default=1,
         ge=1,
-        description="Consecutive successful probes that make a replica routable. Default 1. Example: 2",
+        description=(
+            "Consecutive successes (probes or answers) that make a new or ejected replica routable. "
+            "Default 1. Example: 2"
+        ),
     )
     unhealthy_threshold: int = Field(
         default=2,
         ge=1,
-        description="Consecutive failed probes that take a replica out. Default 2. Example: 3",
+        description=(
+            "Consecutive failures (failed probes, connect errors, resets, 5xx) that eject a replica "
+            "for a back-off (routing.ejection_backoff_*). Default 2. Example: 3"
+        ),
+    )
+
+
+class Coordination(Section):
+    redis_url: str = Field(
+        description="Redis shared by the gateway replicas of one fleet. Example: redis://redis:6379/0"
+    )
+    lease_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a gateway's published load counts after its last sync. Default 5. Example: 10",
+    )
+    interval_s: float = Field(
+        default=0.5, gt=0, description="Seconds between syncs with Redis. Default 0.5. Example: 1"
     )
 
 
@@ -230,6 +250,10 @@ class Pool(Section):
 class GatewayConfig(Section):
     server: Server = Field(default_factory=Server, description="Listener, limits and upstream timeouts.")
     health: Health = Field(default_factory=Health, description="Replica health probing.")
+    coordination: Coordination | None = Field(
+        default=None,
+        description="Share reservations with other gateway replicas through Redis. Default none.",
+    )
     models: tuple[Model, ...] = Field(description="Models the gateway serves (at least one).")
     pools: tuple[Pool, ...] = Field(description="Replica pools (at least one).")
     admission: AdmissionConfig = Field(
@@ -239,9 +263,12 @@ class GatewayConfig(Section):
         default_factory=lambda: RoutingConfig.model_validate({}),
         description="Replica choice (see config/routing.py).",
     )
-    autoscaler: AutoscalerConfig = Field(
-        default_factory=lambda: AutoscalerConfig.model_validate({}),
-        description="Desired-replica policy per pool (see config/autoscaler.py).",
+    autoscaler: AutoscalerConfig | None = Field(
+        default=None,
+        description=(
+            "Desired-replica policy per pool (see config/autoscaler.py); when given, the gateway "
+            "publishes desired replicas on /metrics and /signals. Default none."
+        ),
     )
 
     @model_validator(mode="after")

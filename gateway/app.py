@@ -1,8 +1,10 @@
 """The gateway as one ASGI application: a raw dispatcher in front of the proxy and the admin app.
 
-The two completion routes go straight to ``Proxy.handle``; every other path goes to FastAPI. The
-dispatcher also owns the lifespan: the shared upstream session, the first health probe round
-(so readiness is known before the first request) and the background health and DNS tasks.
+The two completion routes go straight to ``Proxy.handle`` and ``GET /signals`` to the metrics'
+JSON document; every other path goes to FastAPI. The dispatcher also owns the lifespan: the shared
+upstream session, the first health probe round (so readiness is known before the first request)
+and the background tasks: health probes, DNS, the admission pump, Redis coordination and the
+autoscaling recommender when configured.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import asyncio
 import contextlib
 
 import aiohttp
+import orjson
 
 from config.schema import GatewayConfig
 from gateway.admin import build_admin_app
-from gateway.decide import Decider, RoundRobin
+from gateway.autoscale_loop import GatewayRecommender
+from gateway.coordination import RedisCoordinator
+from gateway.decide import KvgateDecider
 from gateway.discovery import DnsDiscovery
 from gateway.errors import MethodNotAllowed
 from gateway.health import HealthMonitor
@@ -22,17 +27,23 @@ from gateway.metrics import GatewayMetrics
 from gateway.proxy import Message, Proxy, Receive, Scope, Send, request_id_of, send_error
 from gateway.state import GatewayState
 from gateway.upstream import create_session
+from gateway.work import FleetWork
+from routing.replica import ReplicaLoad
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+SIGNALS_PATH = "/signals"
 
 
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.state = GatewayState.from_config(config)
-        self.decider: Decider = RoundRobin(self.state, retry_after_s=config.health.interval_s)
         self.metrics = GatewayMetrics()
+        self.decider = KvgateDecider(self.state, config, self.metrics)
+        routing = config.routing
+        self.metrics.bind(FleetWork(self.state, self.decider, routing.scrape_stale_s, routing.warmup_s))
         self.admin = build_admin_app(self.state, self.metrics.render)
+        self.coordinator: RedisCoordinator | None = None
         self._session: aiohttp.ClientSession | None = None
         self._proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -42,18 +53,38 @@ class Gateway:
         assert self._session is not None, "gateway not started"
         return self._session
 
+    def _local_loads(self) -> dict[str, ReplicaLoad]:
+        return {replica_id: self.state.ledger.load(replica_id) for replica_id in self.state.replicas}
+
     async def start(self) -> None:
         self._session = create_session(self.config.server)
+        self.decider.session = self._session
         self._proxy = Proxy(self.state, self.decider, self._session, self.config.server)
         discoveries = [
             DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
         ]
         for discovery in discoveries:
             await discovery.refresh()
-        monitor = HealthMonitor(self.state, self._session, self.config.health)
+        monitor = HealthMonitor(self.state, self._session, self.config.health, self.decider)
         await monitor.probe_all()
-        self._tasks = [asyncio.create_task(monitor.run(), name="kvgate-health")]
+        self._tasks = [
+            asyncio.create_task(monitor.run(), name="kvgate-health"),
+            asyncio.create_task(self.decider.run(), name="kvgate-admission-pump"),
+        ]
         self._tasks += [asyncio.create_task(d.run(), name="kvgate-dns") for d in discoveries]
+        if self.config.autoscaler is not None:
+            recommender = GatewayRecommender(self.metrics, self.config.autoscaler)
+            self._tasks.append(asyncio.create_task(recommender.run(), name="kvgate-autoscaler"))
+        coordination = self.config.coordination
+        if coordination is not None:
+            self.coordinator = RedisCoordinator(
+                coordination.redis_url,
+                self._local_loads,
+                interval_s=coordination.interval_s,
+                lease_s=coordination.lease_s,
+            )
+            await self.coordinator.start()
+            self.decider.foreign_loads = self.coordinator.foreign_loads
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -62,6 +93,10 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        self.decider.cancel_all()
+        if self.coordinator is not None:
+            await self.coordinator.stop()
+            self.coordinator = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -76,6 +111,11 @@ class Gateway:
                 return
             assert self._proxy is not None, "gateway not started"
             await self._proxy.handle(scope, receive, send)
+        elif scope["type"] == "http" and scope["path"] == SIGNALS_PATH and scope["method"] == "GET":
+            body = orjson.dumps(self.metrics.signals_doc())
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
         elif scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         else:

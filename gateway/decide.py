@@ -1,19 +1,48 @@
-"""The decision seam: given a parsed request, where does it go, or why not.
+"""The decision seam: given a parsed request, whether it goes, where, and when.
 
-``Decider.decide`` receives a ``ProxyRequest`` (model, stream flag, parsed body, raw headers) and
-returns a ``Route`` (the replica) or a ``Refusal`` (an error to answer with, e.g. 503 + Retry-After).
-It may await (a queue), and it must give up promptly when cancelled (the client left).
-``Decider.release`` is called exactly once for every ``Route`` decide returned, in the proxy's
-``finally``, whatever the outcome. The placeholder policy is round-robin over healthy replicas.
+``Decider.decide`` receives a ``ProxyRequest`` and returns a ``Route`` (the replica, with the
+reservation already taken in the ledger) or a ``Refusal`` (an OpenAI-shaped error). It tokenises,
+prices the request (``admission.cost``), identifies the tenant, asks the ``AdmissionController``
+over views of the live fleet, routes an admitted request with the ``Router`` and reserves; a queued
+request awaits a future that the pump resolves with a route (``on_capacity_freed`` after every
+release, on fleet changes and on a short timer that also expires overdue waits). A client that
+leaves while queued cancels its ticket at once. ``release`` is called exactly once per ``Route``,
+in the proxy's ``finally``; the ledger's release is idempotent, so a retry that moved the
+reservation cannot release twice. Replica outcomes (passive health) feed the same
+``HealthTracker`` as the active probes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
-from gateway.errors import GatewayError, ServiceUnavailable
+import aiohttp
+
+from admission.controller import AdmissionController
+from admission.cost import InvalidRequest, estimate_cost, requested_max_tokens
+from admission.deadline import client_timeout_s
+from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
+from admission.retry_after import ServiceRates
+from config.admission import AdmissionConfig
+from config.schema import GatewayConfig
+from gateway.errors import BadRequest, GatewayError, ServiceUnavailable, TooManyRequests, Unauthorized
+from gateway.metrics import GatewayMetrics
+from gateway.prompt import PromptEncoder
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
+from routing.health import HealthRules, HealthState, HealthTracker, Outcome, outcome_of_status
+from routing.replica import ReplicaLoad, ReplicaView
+from routing.request import RoutingRequest
+from routing.retry_budget import RetryBudget
+from routing.router import Router
+
+_TTFT_EWMA_WEIGHT = 0.2
+_ITL_EWMA_WEIGHT = 0.05
+PUMP_INTERVAL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,31 +55,313 @@ class Refusal:
     error: GatewayError
 
 
-class Decider(Protocol):
-    async def decide(self, request: ProxyRequest) -> Route | Refusal: ...
+def admission_config(config: GatewayConfig) -> AdmissionConfig:
+    """The admission section with each model's window and KV size taken from ``models[]``."""
+    admission = config.admission
+    rules = {
+        m.name: admission.model_rules(m.name).model_copy(
+            update={"max_model_len_tokens": m.max_model_len, "kv_bytes_per_token": m.kv_bytes}
+        )
+        for m in config.models
+    }
+    return admission.model_copy(update={"models": rules})
 
-    def release(self, request: ProxyRequest, route: Route) -> None: ...
+
+def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            return text[7:].strip() if text[:7].lower() == "bearer " else text.strip()
+    return None
 
 
-class RoundRobin:
-    """Each model's healthy replicas in turn."""
+def _refusal_of(reject: Reject) -> Refusal:
+    seconds = None if reject.retry_after is None else reject.retry_after.milliseconds / 1000.0
+    error: GatewayError
+    if reject.status == 400:
+        error = BadRequest(reject.message, param="max_tokens", reason=reject.reason.value)
+    elif reject.reason is RejectReason.NO_REPLICA:
+        error = ServiceUnavailable(reject.message, retry_after_s=seconds, reason=reject.reason.value)
+    else:
+        error = TooManyRequests(reject.message, retry_after_s=seconds, reason=reject.reason.value)
+    return Refusal(error)
 
-    def __init__(self, state: GatewayState, retry_after_s: float) -> None:
+
+class KvgateDecider:
+    def __init__(
+        self,
+        state: GatewayState,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._state = state
-        self._retry_after_s = retry_after_s
-        self._turn: dict[str, int] = {}
+        self._config = admission_config(config)
+        self._metrics = metrics
+        self._clock = clock
+        self.controller = AdmissionController(self._config, state.ledger)
+        self.router = Router(config.routing, random.Random(config.routing.seed))
+        self.health = HealthTracker(
+            HealthRules.from_config(
+                config.routing, config.health.unhealthy_threshold, config.health.healthy_threshold
+            )
+        )
+        self.retry_budget = RetryBudget.from_config(config.routing)
+        self._encoder = PromptEncoder(config.models)
+        self._waiting: dict[int, tuple[ProxyRequest, asyncio.Future[Route | Refusal]]] = {}
+        self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
+        self.session: aiohttp.ClientSession | None = None
+        self._itl_s = self._config.default_inter_token_s
+        self._pool_of_model = {
+            m.name: next((p.name for p in config.pools if not p.models or m.name in p.models), "")
+            for m in config.models
+        }
+
+    def views(self, now_s: float) -> list[ReplicaView]:
+        foreign = self.foreign_loads()
+        ledger = self._state.ledger
+        views = []
+        for r in self._state.replicas.values():
+            load = ledger.load(r.replica_id)
+            other = foreign.get(r.replica_id)
+            if other is not None:
+                load = ReplicaLoad(
+                    load.prefill_tokens_pending + other.prefill_tokens_pending,
+                    load.resident_sequences + other.resident_sequences,
+                    load.remaining_decode_tokens + other.remaining_decode_tokens,
+                    load.reserved_kv_tokens + other.reserved_kv_tokens,
+                )
+            view = ReplicaView(
+                replica_id=r.replica_id,
+                url=r.url,
+                pool=r.pool,
+                role=r.role,
+                models=r.models,
+                capacity_kv_tokens=r.kv_capacity_tokens,
+                max_sequences=r.max_sequences,
+                healthy=False,
+                ready_since_s=None,
+                load=load,
+                scraped=r.scraped,
+                ttft_ewma_s=r.ttft_ewma_s,
+            )
+            views.append(self.health.apply(view, now_s))
+        return views
+
+    def queued_requests(self) -> list[ProxyRequest]:
+        return [request for request, _ in self._waiting.values()]
+
+    def pool_of(self, model: str) -> str:
+        return self._pool_of_model.get(model, "")
 
     async def decide(self, request: ProxyRequest) -> Route | Refusal:
-        candidates = self._state.routable(request.model)
-        if not candidates:
-            return Refusal(
-                ServiceUnavailable(
-                    f"no healthy replica serves model `{request.model}`", retry_after_s=self._retry_after_s
-                )
-            )
-        turn = self._turn.get(request.model, 0)
-        self._turn[request.model] = turn + 1
-        return Route(candidates[turn % len(candidates)])
+        now_s = self._clock()
+        request.arrived_s = now_s
+        tenant = self.controller.tenants.identify(_bearer_key(request.headers))
+        if tenant is None:
+            return Refusal(Unauthorized("Incorrect API key provided.", reason="unauthorized"))
+        if self._config.auth_enabled:
+            request.upstream_headers = [h for h in request.upstream_headers if h[0] != "authorization"]
+        declared = requested_max_tokens(request.body)
+        if isinstance(declared, InvalidRequest):
+            return Refusal(BadRequest(declared.message, param=declared.param, reason="invalid_request"))
+        token_ids = await self._encode(request)
+        cost = estimate_cost(request.model, len(token_ids), declared, self._config)
+        if isinstance(cost, InvalidRequest):
+            return Refusal(BadRequest(cost.message, param=cost.param, reason="invalid_request"))
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in request.headers
+            if name.startswith(b"x-")
+        }
+        admission = AdmissionRequest(
+            request.request_id, tenant, cost, client_timeout_s(headers, self._config)
+        )
+        request.admission = admission
+        request.routing = RoutingRequest.from_token_ids(request.model, token_ids, cost.max_output_tokens)
+        self.retry_budget.record_request(now_s)
+        decision = self.controller.decide(admission, self.views(now_s), now_s)
+        pool = self.pool_of(request.model)
+        if isinstance(decision, Reject):
+            self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=request.model)
+            return _refusal_of(decision)
+        if isinstance(decision, Admit):
+            route = self._place(request, decision.candidates, now_s)
+            if route is not None:
+                self._metrics.count_decision("admit", "fits", pool=pool, model=request.model)
+                self._metrics.observe_queue_wait(pool, request.model, 0.0)
+                return route
+            decision = self.controller.decide(admission, self.views(now_s), now_s)
+            if not isinstance(decision, Queue):
+                reject = decision if isinstance(decision, Reject) else None
+                if reject is None:
+                    return Refusal(ServiceUnavailable("no replica can take the request", retry_after_s=1.0))
+                return _refusal_of(reject)
+        assert isinstance(decision, Queue)
+        self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=request.model)
+        return await self._wait(request, decision)
+
+    async def _encode(self, request: ProxyRequest) -> list[int]:
+        assert self.session is not None, "gateway not started"
+        serving = [r for r in self._state.replicas.values() if r.healthy and request.model in r.models]
+        url = serving[0].url if serving else ""
+        return await self._encoder.encode(
+            request.model, request.body, len(request.raw_body), self.session, url
+        )
+
+    def _place(
+        self, request: ProxyRequest, candidates: tuple[ReplicaView, ...], now_s: float
+    ) -> Route | None:
+        assert request.routing is not None and request.admission is not None
+        choice = self.router.choose(request.routing, candidates, now_s, exclude=frozenset(request.tried))
+        if choice.replica_id is None:
+            return None
+        replica = self._state.replicas.get(choice.replica_id)
+        if replica is None:
+            return None
+        self._state.ledger.reserve(request.request_id, replica.replica_id, request.admission.cost, now_s)
+        request.tried.append(replica.replica_id)
+        return Route(replica)
+
+    async def _wait(self, request: ProxyRequest, queued: Queue) -> Route | Refusal:
+        future: asyncio.Future[Route | Refusal] = asyncio.get_running_loop().create_future()
+        self._waiting[queued.ticket] = (request, future)
+        self._state.queued = len(self._waiting)
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            if self._waiting.pop(queued.ticket, None) is not None:
+                self.controller.cancel(queued.ticket)
+            elif future.done() and not future.cancelled():
+                self._state.ledger.release(request.request_id)
+                self.pump()
+            raise
+        finally:
+            self._waiting.pop(queued.ticket, None)
+            self._state.queued = len(self._waiting)
+        self._metrics.observe_queue_wait(
+            self.pool_of(request.model), request.model, self._clock() - request.arrived_s
+        )
+        return outcome
+
+    def pump(self) -> None:
+        """Dispatch what fits now: route and reserve synchronously, then wake the waiters."""
+        if not self._waiting:
+            return
+        now_s = self._clock()
+        for dispatch in self.controller.on_capacity_freed(self.views(now_s), now_s):
+            self._dispatch(dispatch, now_s)
+
+    def _dispatch(self, dispatch: Dispatch, now_s: float) -> None:
+        waiting = self._waiting.pop(dispatch.ticket, None)
+        if waiting is None:
+            return
+        request, future = waiting
+        route = self._place(request, dispatch.candidates, now_s)
+        if route is None:
+            self.controller.requeue(dispatch)
+            self._waiting[dispatch.ticket] = waiting
+            return
+        future.set_result(route)
+
+    def tick(self) -> None:
+        """Expire overdue waits (each answered with its 429) and dispatch what fits."""
+        now_s = self._clock()
+        views = self.views(now_s)
+        for expired in self.controller.expire(now_s, views):
+            waiting = self._waiting.pop(expired.ticket, None)
+            if waiting is not None and not waiting[1].done():
+                pool = self.pool_of(waiting[0].model)
+                reason = expired.reject.reason.value
+                self._metrics.count_decision("reject", reason, pool=pool, model=waiting[0].model)
+                waiting[1].set_result(_refusal_of(expired.reject))
+        self._state.queued = len(self._waiting)
+        self.pump()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(PUMP_INTERVAL_S)
+            self.tick()
+
+    def retry(self, request: ProxyRequest, error: GatewayError) -> Route | None:
+        """Another replica for a request whose replica failed before the first byte, or None."""
+        now_s = self._clock()
+        self._state.ledger.release(request.request_id)
+        verdict = self.retry_budget.decide(now_s, len(request.tried) - 1, request.response_started)
+        if not verdict.allowed or request.routing is None:
+            self.pump()
+            return None
+        views = self.views(now_s)
+        route = self._place(request, tuple(views), now_s)
+        if route is None:
+            self.pump()
+        return route
 
     def release(self, request: ProxyRequest, route: Route) -> None:
-        return None
+        reservation = self._state.ledger.get(request.request_id)
+        if reservation is not None:
+            self._state.ledger.release(request.request_id)
+        admission = request.admission
+        if admission is not None and request.prompt_tokens is not None:
+            used = request.prompt_tokens + (request.completion_tokens or 0)
+            self.controller.settle(admission, used)
+        self.pump()
+
+    def observe(self, replica: ReplicaState, status: int | None, retry_after_s: float | None = None) -> None:
+        """A replica's answer (``None``: no answer) as passive health."""
+        self.observe_outcome(replica, outcome_of_status(status), retry_after_s)
+
+    def observe_outcome(
+        self, replica: ReplicaState, outcome: Outcome, retry_after_s: float | None = None
+    ) -> None:
+        now_s = self._clock()
+        before = self.health.get(replica.replica_id).state
+        after = self.health.observe(replica.replica_id, outcome, now_s, retry_after_s)
+        replica.healthy = after.routable(now_s)
+        if after.state is HealthState.EJECTED and before is not HealthState.EJECTED:
+            self.router.forget(replica.replica_id)
+        elif after.state is HealthState.HEALTHY and before is not HealthState.HEALTHY:
+            self.pump()
+
+    def forget(self, replica_id: str) -> None:
+        self.router.forget(replica_id)
+        self.health.remove(replica_id)
+
+    def first_token(self, request: ProxyRequest, replica: ReplicaState, now_s: float) -> None:
+        self._state.ledger.first_token(request.request_id)
+        ttft_s = now_s - request.arrived_s
+        previous = replica.ttft_ewma_s
+        replica.ttft_ewma_s = (
+            ttft_s if previous is None else previous + _TTFT_EWMA_WEIGHT * (ttft_s - previous)
+        )
+        self._metrics.observe_ttft(replica.pool, request.model, ttft_s)
+
+    def produced(self, request: ProxyRequest, tokens: int) -> None:
+        self._state.ledger.produced(request.request_id, tokens)
+
+    def finished(
+        self, request: ProxyRequest, replica: ReplicaState, itl_s: float | None, now_s: float
+    ) -> None:
+        """Record what a completed response said about tokens and latency."""
+        pool = replica.pool
+        self._metrics.observe_e2e(pool, request.model, now_s - request.arrived_s)
+        if itl_s is not None:
+            self._metrics.observe_itl(pool, request.model, itl_s)
+            self._itl_s += _ITL_EWMA_WEIGHT * (itl_s - self._itl_s)
+            rates = self.controller.rates
+            self.controller.observe_rates(ServiceRates(self._itl_s, rates.prefill_tokens_per_s))
+        admission = request.admission
+        if request.prompt_tokens is None or admission is None:
+            return
+        estimated = admission.cost.prompt_tokens
+        self.controller.calibration.observe_prompt(request.model, estimated, request.prompt_tokens)
+        self._metrics.observe_tokenizer_ratio(request.model, estimated, request.prompt_tokens)
+        output = request.completion_tokens or 0
+        self.controller.calibration.observe_output(request.model, output)
+        self._metrics.count_tokens(pool, request.model, request.prompt_tokens, output)
+
+    def cancel_all(self) -> None:
+        for _, future in self._waiting.values():
+            with contextlib.suppress(asyncio.InvalidStateError):
+                future.cancel()
+        self._waiting.clear()

@@ -2,12 +2,14 @@
 
 ::
 
-    GatewayError                      {"error": {"message", "type", "param", "code"}}
-    ├── BadRequest          400       malformed JSON, missing/invalid fields
+    GatewayError                      {"error": {"message", "type", "param", "code"[, "reason"]}}
+    ├── BadRequest          400       malformed JSON, missing/invalid fields, prompt + max_tokens too long
+    ├── Unauthorized        401       auth on and the bearer key is unknown
     ├── ModelNotFound       404       "The model `X` does not exist." (vLLM's wording)
     ├── NotFound            404       no such route
     ├── MethodNotAllowed    405
     ├── PayloadTooLarge     413
+    ├── TooManyRequests     429       admission turned it away (with Retry-After and retry-after-ms)
     ├── InternalError       500       a bug in the gateway; never a traceback to the client
     ├── BadGateway          502       replica refused, reset or answered 5xx
     ├── ServiceUnavailable  503       no routable replica (with Retry-After)
@@ -30,23 +32,31 @@ class GatewayError(Exception):
     status = 500
     error_type = "InternalServerError"
 
-    def __init__(self, message: str, *, param: str | None = None, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after_s: float | None = None,
+        reason: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.retry_after_s = retry_after_s
+        self.reason = reason
+        """Why the gateway decided so (an admission reason such as ``kv_capacity``), when it did."""
 
     def body(self) -> bytes:
-        return orjson.dumps(
-            {
-                "error": {
-                    "message": self.message,
-                    "type": self.error_type,
-                    "param": self.param,
-                    "code": self.status,
-                }
-            }
-        )
+        error: dict[str, object] = {
+            "message": self.message,
+            "type": self.error_type,
+            "param": self.param,
+            "code": self.status,
+        }
+        if self.reason is not None:
+            error["reason"] = self.reason
+        return orjson.dumps({"error": error})
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"content-type", b"application/json")]
@@ -60,6 +70,11 @@ class GatewayError(Exception):
 class BadRequest(GatewayError):
     status = 400
     error_type = "BadRequestError"
+
+
+class Unauthorized(GatewayError):
+    status = 401
+    error_type = "AuthenticationError"
 
 
 class NotFound(GatewayError):
@@ -80,6 +95,11 @@ class MethodNotAllowed(GatewayError):
 class PayloadTooLarge(GatewayError):
     status = 413
     error_type = "PayloadTooLargeError"
+
+
+class TooManyRequests(GatewayError):
+    status = 429
+    error_type = "RateLimitError"
 
 
 class InternalError(GatewayError):

@@ -1,45 +1,49 @@
-"""Active health checks: each replica's health path, probed on an interval, feeding readiness.
+"""Active health checks: each replica's health path, probed on an interval.
 
-A replica starts unprobed and not routable. ``healthy_threshold`` consecutive answers of 200 make
-it routable; ``unhealthy_threshold`` consecutive failures (any other status, a timeout, a refused
-connection) take it out. ``/readyz`` is true while at least one replica is routable.
+Each probe's outcome (200 is a success; any other status, a timeout or a refused connection is a
+failure) goes to the decider's ``HealthTracker``, the same state machine that passive observations
+of real requests feed, so one set of thresholds (the ``health`` section) decides when a replica is
+routable, ejected and back. ``/readyz`` is true while at least one replica is routable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Protocol
 
 import aiohttp
 
 from config.schema import Health
 from gateway.state import GatewayState, ReplicaState
+from routing.health import Outcome
+
+
+class HealthSink(Protocol):
+    def observe_outcome(
+        self, replica: ReplicaState, outcome: Outcome, retry_after_s: float | None = None
+    ) -> None: ...
 
 
 class HealthMonitor:
-    def __init__(self, state: GatewayState, session: aiohttp.ClientSession, health: Health) -> None:
+    def __init__(
+        self, state: GatewayState, session: aiohttp.ClientSession, health: Health, sink: HealthSink
+    ) -> None:
         self._state = state
         self._session = session
         self._health = health
+        self._sink = sink
         self._timeout = aiohttp.ClientTimeout(total=health.timeout_s)
 
     async def probe_all(self) -> None:
         replicas = list(self._state.replicas.values())
         results = await asyncio.gather(*(self._probe(r) for r in replicas))
         for replica, ok in zip(replicas, results, strict=True):
-            self.record(replica, ok)
-
-    def record(self, replica: ReplicaState, ok: bool) -> None:
-        if ok:
-            replica.probe_failures = 0
-            replica.probe_successes += 1
-            if replica.probe_successes >= self._health.healthy_threshold:
-                replica.healthy = True
-        else:
-            replica.probe_successes = 0
-            replica.probe_failures += 1
-            if replica.probe_failures >= self._health.unhealthy_threshold:
-                replica.healthy = False
+            if ok:
+                replica.probe_successes += 1
+            else:
+                replica.probe_failures += 1
+            self._sink.observe_outcome(replica, Outcome.SUCCESS if ok else Outcome.FAILURE)
 
     async def run(self) -> None:
         while True:

@@ -1,11 +1,16 @@
 """The hot path: ``POST /v1/chat/completions`` and ``POST /v1/completions`` as raw ASGI.
 
-parse → ``decide`` → proxy → ``finally`` release, once. The client's body bytes are forwarded
-unchanged (parsed once with orjson, only for what decisions need); SSE chunks are relayed as they
-arrive, never re-assembled into lines or re-serialised. A watcher on ``receive`` notices the
-client leaving (``http.disconnect``) and cancels the request at once: aiohttp then closes the
-upstream connection, which is how vLLM learns to abort the sequence. Upstream failures become
-gateway errors in ``errors.translate_upstream``; replica 4xx bodies pass through as written.
+parse → ``decide`` → proxy (retrying on another replica while nothing reached the client) →
+``finally`` release, once. The client's body bytes are forwarded unchanged (parsed once with
+orjson, only for what decisions need), with one documented rewrite: a stream whose client did not
+ask for ``stream_options.include_usage`` gets it, so the replica's own token counts calibrate the
+estimate, and the usage-only chunk it brings is taken out before the client sees it. SSE chunks are
+relayed as they arrive, never re-assembled into lines or re-serialised; counting ``data:`` events
+per chunk is the token count (one event per engine step per sequence carries about one token).
+A watcher on ``receive`` notices the client leaving (``http.disconnect``) and cancels the request
+at once: aiohttp then closes the upstream connection, which is how vLLM learns to abort the
+sequence. Upstream failures become gateway errors in ``errors.translate_upstream``; replica 4xx
+bodies pass through as written.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -21,7 +27,7 @@ import orjson
 from yarl import URL
 
 from config.schema import Server
-from gateway.decide import Decider, Refusal
+from gateway.decide import KvgateDecider, Refusal, Route
 from gateway.errors import (
     BadRequest,
     GatewayError,
@@ -30,7 +36,7 @@ from gateway.errors import (
     translate_upstream,
     upstream_status_error,
 )
-from gateway.state import GatewayState, ProxyRequest
+from gateway.state import GatewayState, ProxyRequest, ReplicaState
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -68,11 +74,15 @@ _URL_CACHE_SIZE = 4096
 _IDLE_SLACK_RATIO = 0.1
 """The idle deadline is moved only when it has fallen this share of ``idle_s`` behind: one timer
 reschedule per ~10% of the idle timeout instead of one per chunk."""
+_PRODUCED_REPORT_EVENTS = 16
+"""The ledger hears a stream's produced-token total once per this many SSE events."""
+_USAGE_ONLY = b'"choices":[]'
+_DONE_EVENT = b"data: [DONE]\n\n"
 
 
 class Proxy:
     def __init__(
-        self, state: GatewayState, decider: Decider, session: aiohttp.ClientSession, server: Server
+        self, state: GatewayState, decider: KvgateDecider, session: aiohttp.ClientSession, server: Server
     ) -> None:
         self._state = state
         self._decider = decider
@@ -111,20 +121,36 @@ class Proxy:
         if isinstance(outcome, Refusal):
             await send_error(send, outcome.error, request.request_id)
             return
-        replica = outcome.replica
-        request.replica = replica
-        replica.in_flight += 1
-        self._state.in_flight += 1
+        route: Route = outcome
+        state = self._state
         try:
-            await self._relay(request, replica.url, send)
+            while True:
+                replica = route.replica
+                request.replica = replica
+                replica.in_flight += 1
+                state.in_flight += 1
+                try:
+                    failure = await self._relay(request, replica, send)
+                finally:
+                    replica.in_flight -= 1
+                    state.in_flight -= 1
+                if failure is None:
+                    return
+                retry = self._decider.retry(request, failure)
+                if retry is None:
+                    await send_error(send, failure, request.request_id)
+                    return
+                route = retry
         finally:
-            replica.in_flight -= 1
-            self._state.in_flight -= 1
-            self._state.served += 1
-            self._decider.release(request, outcome)
+            state.served += 1
+            self._decider.release(request, route)
 
-    async def _relay(self, request: ProxyRequest, replica_url: str, send: Send) -> None:
+    async def _relay(self, request: ProxyRequest, replica: ReplicaState, send: Send) -> GatewayError | None:
+        """Relay one attempt; a failure before anything reached the client is returned (the caller
+        may retry elsewhere), one after it ends the stream with an error event and ``[DONE]``."""
         response: aiohttp.ClientResponse | None = None
+        replica_url = replica.url
+        decider = self._decider
         try:
             async with asyncio.timeout(self._first_byte_s) as deadline:
                 url = replica_url + request.endpoint
@@ -137,36 +163,68 @@ class Proxy:
                     parsed_url, data=request.raw_body, headers=request.upstream_headers
                 )
                 status = response.status
+                if status >= 500 or status == 429:
+                    decider.observe(replica, status, _retry_after_s(response.headers.get("retry-after")))
                 if status >= 500:
                     raise upstream_status_error(status, replica_url, await response.read())
                 headers = _relay_headers(response.raw_headers, request.request_id)
                 if not request.stream or status != 200:
                     body = await response.read()
+                    if status == 200:
+                        now_s = time.monotonic()
+                        decider.first_token(request, replica, now_s)
+                        _read_usage(request, body)
                     headers.append((b"content-length", str(len(body)).encode()))
                     request.response_started = True
                     await send({"type": "http.response.start", "status": status, "headers": headers})
                     await send({"type": "http.response.body", "body": body})
-                    return
+                    if status == 200:
+                        decider.observe(replica, status)
+                        decider.finished(request, replica, None, time.monotonic())
+                    return None
                 request.response_started = True
                 await send({"type": "http.response.start", "status": status, "headers": headers})
-                await self._stream(response.content, deadline, send)
+                itl_s = await self._stream(request, replica, response.content, deadline, send)
+                decider.observe(replica, status)
+                decider.finished(request, replica, itl_s, time.monotonic())
+                return None
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
             error = translate_upstream(exc, replica_url)
+            if error.status != 503:
+                decider.observe(replica, None)
             if not request.response_started:
-                await send_error(send, error, request.request_id)
-            else:
-                await send({"type": "http.response.body", "body": b"data: " + error.body() + b"\n\n"})
+                return error
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": b"data: " + error.body() + b"\n\n" + _DONE_EVENT,
+                }
+            )
+            return None
         finally:
             if response is not None and not response.closed:
                 response.close()
 
-    async def _stream(self, content: aiohttp.StreamReader, deadline: asyncio.Timeout, send: Send) -> None:
+    async def _stream(
+        self,
+        request: ProxyRequest,
+        replica: ReplicaState,
+        content: aiohttp.StreamReader,
+        deadline: asyncio.Timeout,
+        send: Send,
+    ) -> float | None:
+        """Relay the stream; returns the mean gap between its events (inter-token latency)."""
         loop = asyncio.get_running_loop()
         idle_s = self._idle_s
         slack_s = idle_s * _IDLE_SLACK_RATIO
         when = 0.0
+        events = 0
+        first_s = last_s = 0.0
+        report_at = _PRODUCED_REPORT_EVENTS
+        strip = request.usage_injected
+        decider = self._decider
         while True:
             chunk = await content.readany()
             if not chunk:
@@ -175,8 +233,23 @@ class Proxy:
             if now + idle_s - when > slack_s:
                 when = now + idle_s
                 deadline.reschedule(when)
+            count = chunk.count(b"data: ")
+            if count:
+                if not events:
+                    first_s = now
+                    decider.first_token(request, replica, time.monotonic())
+                events += count
+                last_s = now
+                if events >= report_at:
+                    decider.produced(request, events)
+                    report_at = events + _PRODUCED_REPORT_EVENTS
+                if _USAGE_ONLY in chunk:
+                    chunk = _take_usage(request, chunk, strip)
+                    if not chunk:
+                        continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        return (last_s - first_s) / (events - 1) if events > 1 else None
 
     async def _read_body(self, receive: Receive, content_length: int | None) -> bytes | None:
         """The whole request body, or None if the client left while sending it."""
@@ -225,6 +298,16 @@ class Proxy:
             raise BadRequest("`stream` must be a boolean", param="stream")
         headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in forward]
         headers.append(("x-request-id", request_id))
+        injected = False
+        if stream:
+            options = body.get("stream_options")
+            if not isinstance(options, dict) or options.get("include_usage") is not True:
+                body["stream_options"] = {
+                    **(options if isinstance(options, dict) else {}),
+                    "include_usage": True,
+                }
+                raw = orjson.dumps(body)
+                injected = True
         return ProxyRequest(
             request_id=request_id,
             endpoint=endpoint,
@@ -234,7 +317,52 @@ class Proxy:
             raw_body=raw,
             headers=forward,
             upstream_headers=headers,
+            usage_injected=injected,
         )
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return None
+
+
+def _record_usage(request: ProxyRequest, usage: object) -> None:
+    if isinstance(usage, dict):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            request.prompt_tokens = prompt
+        if isinstance(completion, int):
+            request.completion_tokens = completion
+
+
+def _read_usage(request: ProxyRequest, body: bytes) -> None:
+    if b'"usage"' not in body:
+        return
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(parsed, dict):
+        _record_usage(request, parsed.get("usage"))
+
+
+def _take_usage(request: ProxyRequest, chunk: bytes, strip: bool) -> bytes:
+    """Read the usage-only event in ``chunk``; without it when the gateway asked for it."""
+    kept = []
+    for event in chunk.split(b"\n\n"):
+        if _USAGE_ONLY in event and event.startswith(b"data: "):
+            try:
+                parsed = orjson.loads(event[6:])
+            except orjson.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, dict):
+                _record_usage(request, parsed.get("usage"))
+                if strip:
+                    continue
+        kept.append(event)
+    return b"\n\n".join(kept)
 
 
 def _on_client_message(

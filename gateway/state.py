@@ -11,8 +11,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from admission.decision import AdmissionRequest
+from admission.ledger import InMemoryLedger
 from config.schema import GatewayConfig, Model, Pool
-from routing.replica import Role, ScrapedMetrics
+from routing.replica import ReplicaLoad, Role, ScrapedMetrics
+from routing.request import RoutingRequest
 
 
 @dataclass(slots=True, eq=False)
@@ -30,6 +33,8 @@ class ReplicaState:
     in_flight: int = 0
     scraped: ScrapedMetrics | None = None
     """The last scrape of the replica's own ``/metrics``; routing checks its age."""
+    ttft_ewma_s: float | None = None
+    """Smoothed time to first token of requests kvgate sent here."""
 
 
 @dataclass(slots=True, eq=False)
@@ -50,6 +55,16 @@ class ProxyRequest:
     response_started: bool = False
     disconnected: bool = False
     finished: bool = False
+    arrived_s: float = 0.0
+    admission: AdmissionRequest | None = None
+    routing: RoutingRequest | None = None
+    tried: list[str] = field(default_factory=list)
+    """Replicas this request was sent to, in order; a retry excludes them."""
+    usage_injected: bool = False
+    """The gateway added ``stream_options.include_usage``: strip the usage-only chunk it brings."""
+    prompt_tokens: int | None = None
+    """The replica's own count, from ``usage``."""
+    completion_tokens: int | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +74,9 @@ class GatewayState:
     replicas: dict[str, ReplicaState] = field(default_factory=dict)
     in_flight: int = 0
     served: int = 0
+    ledger: InMemoryLedger = field(default_factory=InMemoryLedger)
+    queued: int = 0
+    """Requests waiting in the admission queue."""
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayState:
@@ -96,6 +114,9 @@ class GatewayState:
     @property
     def ready(self) -> bool:
         return any(r.healthy for r in self.replicas.values())
+
+    def ledger_totals(self) -> ReplicaLoad:
+        return self.ledger.totals()
 
     def in_flight_by_replica(self) -> dict[str, int]:
         return {r.replica_id: r.in_flight for r in self.replicas.values()}

@@ -57,10 +57,13 @@ class HealthRules:
     backpressure_avoid_max_s: float = 10.0
 
     @classmethod
-    def from_config(cls, config: RoutingConfig) -> HealthRules:
+    def from_config(
+        cls, config: RoutingConfig, unhealthy_threshold: int, healthy_threshold: int
+    ) -> HealthRules:
+        """Back-off rules from the routing section; the thresholds from the ``health`` section."""
         return cls(
-            unhealthy_threshold=config.unhealthy_threshold,
-            healthy_threshold=config.healthy_threshold,
+            unhealthy_threshold=unhealthy_threshold,
+            healthy_threshold=healthy_threshold,
             ejection_backoff_base_s=config.ejection_backoff_base_s,
             ejection_backoff_max_s=config.ejection_backoff_max_s,
             backpressure_avoid_s=config.backpressure_avoid_s,

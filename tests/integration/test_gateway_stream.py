@@ -28,7 +28,8 @@ async def test_stream_bytes_are_exactly_what_the_replica_sent(fleet: SimFleet) -
         ]
         for i, (path, payload) in enumerate(payloads):
             request_id = f"byte-exact-{i}"
-            body = {"model": MODEL, "max_tokens": 40, "stream": True, **payload}
+            usage = {"include_usage": True}
+            body = {"model": MODEL, "max_tokens": 40, "stream": True, "stream_options": usage, **payload}
             received = bytearray()
             async with http.stream("POST", path, json=body, headers={"x-request-id": request_id}) as response:
                 assert response.status_code == 200
@@ -37,6 +38,24 @@ async def test_stream_bytes_are_exactly_what_the_replica_sent(fleet: SimFleet) -
                     received += raw
             assert received.endswith(b"data: [DONE]\n\n")
             assert bytes(received) == recorded(fleet, request_id)
+        await assert_idle(gw)
+
+
+async def test_usage_the_gateway_asked_for_is_read_and_kept_from_the_client(fleet: SimFleet) -> None:
+    async with running_gateway(gateway_config(fleet.urls)) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        body = {"model": MODEL, "max_tokens": 30, "stream": True, "prompt": "Once upon a time"}
+        received = bytearray()
+        async with http.stream(
+            "POST", "/v1/completions", json=body, headers={"x-request-id": "u-1"}
+        ) as response:
+            async for raw in response.aiter_raw():
+                received += raw
+        sent = recorded(fleet, "u-1")
+        usage_events = [e for e in sent.split(b"\n\n") if b'"choices":[]' in e]
+        assert len(usage_events) == 1, "the gateway asked the replica for usage"
+        assert b'"usage"' not in received
+        assert bytes(received) == sent.replace(usage_events[0] + b"\n\n", b"")
+        assert received.endswith(b"data: [DONE]\n\n")
         await assert_idle(gw)
 
 

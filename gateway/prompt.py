@@ -1,0 +1,98 @@
+"""The prompt's token ids, counted the way each model's config says.
+
+Tokenisers come from the top-level ``models[]`` entries (the one home of model facts). A local
+tokeniser runs inline for small prompts and in a worker thread above ``OFF_LOOP_TEXT_BYTES`` of text,
+so one huge prompt never stalls every other request on the event loop. Kind ``replica`` asks a
+replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+from admission.tokenizer import (
+    BytesEstimateTokenizer,
+    ChatTemplate,
+    HuggingFaceTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+    encode_chat,
+    prompt_text,
+)
+from config.schema import Model
+
+OFF_LOOP_TEXT_BYTES = 32 * 1024
+
+
+def tokenizer_of(model: Model) -> Tokenizer | None:
+    """The model's local tokeniser; None for kind ``replica``."""
+    config = model.tokenizer
+    if config.kind == "tiktoken":
+        return TiktokenTokenizer.from_name(config.encoding)
+    if config.kind == "tiktoken_file":
+        return TiktokenTokenizer.from_bpe_file(config.path)
+    if config.kind == "huggingface":
+        return HuggingFaceTokenizer.from_file(config.path)
+    if config.kind == "bytes":
+        return BytesEstimateTokenizer(config.bytes_per_token)
+    return None
+
+
+def template_of(model: Model) -> ChatTemplate:
+    t = model.chat_template
+    return ChatTemplate(t.message_prefix, t.message_suffix, t.generation_prompt, t.bos)
+
+
+def _encode(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> list[int]:
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        return encode_chat(tokenizer, [m for m in messages if isinstance(m, Mapping)], template)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        return [t for p in prompt for t in p if isinstance(t, int)]
+    return tokenizer.encode(prompt_text(prompt))
+
+
+class PromptEncoder:
+    """Token ids of a request body, per model."""
+
+    def __init__(self, models: Sequence[Model]) -> None:
+        self._local = {m.name: (tokenizer_of(m), template_of(m)) for m in models}
+
+    async def encode(
+        self,
+        model: str,
+        body: Mapping[str, Any],
+        raw_size_bytes: int,
+        session: aiohttp.ClientSession,
+        url: str,
+    ) -> list[int]:
+        tokenizer, template = self._local[model]
+        if tokenizer is None:
+            return await _replica_tokens(session, url, model, body)
+        if raw_size_bytes > OFF_LOOP_TEXT_BYTES:
+            return await asyncio.to_thread(_encode, body, tokenizer, template)
+        return _encode(body, tokenizer, template)
+
+
+async def _replica_tokens(
+    session: aiohttp.ClientSession, url: str, model: str, body: Mapping[str, Any]
+) -> list[int]:
+    payload: dict[str, Any] = {"model": model}
+    if "messages" in body:
+        payload["messages"] = body["messages"]
+    else:
+        payload["prompt"] = prompt_text(body.get("prompt"))
+    async with session.post(url + "/tokenize", json=payload) as response:
+        response.raise_for_status()
+        answer = await response.json()
+    tokens = answer.get("tokens")
+    if isinstance(tokens, list):
+        return [int(t) for t in tokens]
+    return [0] * int(answer.get("count", 0))
