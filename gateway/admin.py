@@ -1,28 +1,68 @@
-"""Admin and control routes, on FastAPI: models, liveness, readiness, Prometheus metrics.
+"""Admin and control routes, on FastAPI: models, liveness, readiness, Prometheus metrics, and
+``/admin/*`` (pools and their replicas: list them, set a pool's replica set).
 
 Nothing here is on the request hot path; FastAPI is used for its routing and OpenAPI document.
-Every error it raises is rendered in the same OpenAI shape as the proxy's.
+Every error it raises is rendered in the same OpenAI shape as the proxy's. ``/admin/*`` changes
+what the gateway routes to, so it is authenticated: with an admin token, every call must carry
+``Authorization: Bearer <token>`` (401 otherwise); without one, only loopback clients are let in
+(403 otherwise), which keeps ``kvgate up`` usable on a laptop and a token-less deployment closed.
+Setting a pool's replicas follows ``GatewayState.set_pool_urls``: a new replica is cold (not
+routable until its health check passes) and a dropped one takes no new requests while the ones it
+is serving finish.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
+import logging
 import time
 from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
 
-from fastapi import FastAPI, Request, Response
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound
-from gateway.state import GatewayState
+from config.schema import Pool
+from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized
+from gateway.scrape import scraped_capacity_tokens
+from gateway.state import GatewayState, ReplicaState
 
 MetricsRenderer = Callable[[], bytes]
+Clock = Callable[[], float]
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+logger = logging.getLogger("kvgate.admin")
 
 
-def build_admin_app(state: GatewayState, render_metrics: MetricsRenderer) -> FastAPI:
+class AdminUnauthorized(Unauthorized):
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        return [*super().headers(), (b"www-authenticate", b"Bearer")]
+
+
+class AdminForbidden(GatewayError):
+    status = 403
+    error_type = "PermissionDeniedError"
+
+
+class AdminConflict(GatewayError):
+    status = 409
+    error_type = "ConflictError"
+
+
+def build_admin_app(
+    state: GatewayState,
+    render_metrics: MetricsRenderer,
+    admin_token: str | None = None,
+    clock: Clock = time.monotonic,
+) -> FastAPI:
+    """``clock`` must be the one scrapes are stamped with (it measures their age)."""
     app = FastAPI(title="kvgate", description="OpenAI-compatible gateway for vLLM fleets", version="0.1.0")
     created_s = int(time.time())
+    if admin_token is None:
+        logger.warning("no admin token (server.admin_token): /admin/* accepts loopback clients only")
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, object]:
@@ -55,6 +95,66 @@ def build_admin_app(state: GatewayState, render_metrics: MetricsRenderer) -> Fas
     async def metrics() -> Response:
         return Response(render_metrics(), media_type=PROMETHEUS_CONTENT_TYPE)
 
+    async def authorize(request: Request) -> None:
+        if admin_token is None:
+            host = request.client.host if request.client is not None else ""
+            if not _is_loopback(host):
+                raise AdminForbidden(
+                    "admin routes accept loopback clients only while no admin token is configured "
+                    "(server.admin_token)"
+                )
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), admin_token.encode()
+        ):
+            raise AdminUnauthorized("admin routes need the header `Authorization: Bearer <admin token>`")
+
+    admin = APIRouter(prefix="/admin", dependencies=[Depends(authorize)])
+
+    def pool_doc(pool: Pool) -> dict[str, Any]:
+        now_s = clock()
+        replicas = sorted(
+            (r for r in state.replicas.values() if r.pool == pool.name), key=lambda r: r.replica_id
+        )
+        return {
+            "name": pool.name,
+            "role": pool.role,
+            "models": sorted(state.pool_models(pool)),
+            "discovery": "static" if pool.dns is None else f"dns:{pool.dns.name}:{pool.dns.port}",
+            "kv_capacity_tokens": pool.kv_capacity_tokens,
+            "max_sequences": pool.max_sequences,
+            "replicas": [replica_doc(r, now_s) for r in replicas],
+        }
+
+    @admin.get("/pools")
+    async def list_pools() -> dict[str, object]:
+        return {"object": "list", "data": [pool_doc(pool) for pool in state.pools.values()]}
+
+    @admin.get("/pools/{pool_name}")
+    async def get_pool(pool_name: str) -> dict[str, object]:
+        return pool_doc(_known_pool(state, pool_name))
+
+    @admin.put("/pools/{pool_name}/replicas")
+    async def set_replicas(pool_name: str, request: Request) -> dict[str, object]:
+        pool = _known_pool(state, pool_name)
+        if pool.dns is not None:
+            raise AdminConflict(
+                f"pool `{pool_name}` discovers its replicas from DNS name {pool.dns.name}; "
+                "its replica set cannot be set by hand",
+                param="pool",
+            )
+        urls = _replica_urls(await request.body())
+        state.set_pool_urls(pool_name, urls)
+        logger.info("pool %s replicas set to %s", pool_name, ", ".join(urls) or "none")
+        return pool_doc(pool)
+
+    app.include_router(admin)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> Response:
+        return error_response(exc)
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:
         error: GatewayError
@@ -77,3 +177,76 @@ def build_admin_app(state: GatewayState, render_metrics: MetricsRenderer) -> Fas
 def error_response(error: GatewayError) -> Response:
     headers = {name.decode(): value.decode() for name, value in error.headers()}
     return Response(error.body(), status_code=error.status, headers=headers)
+
+
+def replica_doc(replica: ReplicaState, now_s: float) -> dict[str, Any]:
+    scraped = replica.scraped
+    return {
+        "id": replica.replica_id,
+        "url": replica.url,
+        "healthy": replica.healthy,
+        "in_flight": replica.in_flight,
+        "kv_capacity_tokens": replica.kv_capacity_tokens,
+        "scraped": None
+        if scraped is None
+        else {
+            "age_s": round(now_s - scraped.scraped_at_s, 3),
+            "kv_cache_usage_ratio": scraped.kv_cache_usage_ratio,
+            "num_requests_running": scraped.num_requests_running,
+            "num_requests_waiting": scraped.num_requests_waiting,
+            "num_gpu_blocks": scraped.num_gpu_blocks,
+            "block_size_tokens": scraped.block_size_tokens,
+            "capacity_tokens": scraped_capacity_tokens(scraped),
+        },
+    }
+
+
+def _known_pool(state: GatewayState, pool_name: str) -> Pool:
+    pool = state.pools.get(pool_name)
+    if pool is None:
+        raise NotFound(f"pool `{pool_name}` does not exist", param="pool")
+    return pool
+
+
+def _replica_urls(raw: bytes) -> list[str]:
+    """The ``urls`` of a ``{"urls": [...]}`` body, each an http(s) base URL; every problem at once."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from exc
+    urls = body.get("urls") if isinstance(body, dict) else None
+    if not isinstance(urls, list):
+        raise BadRequest('the body must be {"urls": ["http://host:port", ...]}', param="urls")
+    problems = [f"{url!r}: {problem}" for url in urls if (problem := _url_problem(url)) is not None]
+    if problems:
+        raise BadRequest("bad replica URLs: " + "; ".join(problems), param="urls")
+    return [str(url).rstrip("/") for url in urls]
+
+
+def _url_problem(url: object) -> str | None:
+    """Why ``url`` is not a replica base URL (``http(s)://host[:port]``, no path), or None."""
+    if not isinstance(url, str):
+        return "not a string"
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        return "scheme must be http or https"
+    try:
+        port = parts.port
+    except ValueError:
+        port = 0
+    if port == 0:
+        return "port must be a number from 1 to 65535"
+    if not parts.hostname:
+        return "no host"
+    if parts.username is not None or parts.password is not None:
+        return "credentials are not allowed in a replica URL"
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        return "a replica URL is a base URL without path, query or fragment (the gateway adds /v1/...)"
+    return None
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
