@@ -13,6 +13,7 @@ from config.loader import parse_config
 from config.schema import GatewayConfig
 from gateway.server import RunningGateway
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
+from routing.replica import ReplicaLoad
 
 MODEL = DEFAULT_MODEL
 
@@ -27,7 +28,7 @@ def gateway_config(urls: Sequence[str], **sections: Any) -> GatewayConfig:
         "pools": [{"name": "default", "replicas": list(urls), "kv_capacity_tokens": 450000}],
     }
     for key, value in sections.items():
-        data[key] = {**data[key], **value} if isinstance(value, dict) else value
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     return parse_config(data, {})
 
 
@@ -41,11 +42,14 @@ async def eventually(condition: Callable[[], bool], timeout_s: float = 10.0) -> 
 
 
 async def assert_idle(gw: RunningGateway) -> None:
-    """Every request finished and released: nothing in flight anywhere."""
+    """Every request finished and released: nothing in flight, reserved or queued anywhere."""
     assert await eventually(lambda: gw.state.in_flight == 0), gw.state.in_flight
     assert all(count == 0 for count in gw.state.in_flight_by_replica().values()), (
         gw.state.in_flight_by_replica()
     )
+    assert await eventually(lambda: gw.state.ledger_totals() == ReplicaLoad()), gw.state.ledger_totals()
+    assert gw.state.queued == 0
+    assert gw.gateway.decider.controller.queue_stats(0.0).requests == 0
 
 
 @pytest.fixture

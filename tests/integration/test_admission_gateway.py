@@ -1,0 +1,163 @@
+"""Admission through the real gateway in front of the simulator: 429 with Retry-After under overload,
+clients that honour it get through, no preemption behind kvgate, queued clients that leave are
+dropped at once, 401 and 400 before any replica sees the request."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import openai
+
+from admission.tokenizer import TiktokenTokenizer
+from gateway.server import RunningGateway, running_gateway
+from loadtest.sim.fleet import SimFleet
+from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+
+KV_CAPACITY_TOKENS = 4000
+MAX_SEQS = 16
+PROMPT = "Summarise the following words: " + " ".join(f"item{i}" for i in range(24))
+PROMPT_TOKENS = TiktokenTokenizer.from_name().count(PROMPT)
+"""The gateway and the simulator count the prompt with the same default encoding."""
+MAX_TOKENS = 500
+
+
+def small_fleet(time_scale: float = 0.0, replicas: int = 1) -> SimFleet:
+    return SimFleet(
+        replicas=replicas,
+        time_scale=time_scale,
+        seed=0,
+        overrides={"warmup_s": 0, "kv_capacity_tokens": KV_CAPACITY_TOKENS, "max_num_seqs": MAX_SEQS},
+    )
+
+
+def config_for(fleet: SimFleet, max_model_len: int = 131072, **admission: Any) -> Any:
+    pool = {"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": KV_CAPACITY_TOKENS}
+    model = {"name": MODEL, "max_model_len": max_model_len, "kv_bytes_per_token": 131072}
+    return gateway_config(
+        fleet.urls, models=[model], pools=[{**pool, "max_sequences": MAX_SEQS}], admission=admission
+    )
+
+
+def completion(max_tokens: int = MAX_TOKENS, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": PROMPT, "max_tokens": max_tokens, "ignore_eos": True, **extra}
+
+
+def preemptions(fleet: SimFleet) -> int:
+    return sum(r.engine.stats.num_preemptions for r in fleet.replicas)
+
+
+async def test_overload_is_429_with_both_retry_headers_and_a_reason() -> None:
+    async with small_fleet() as fleet, running_gateway(config_for(fleet, max_queue_wait_s=0)) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            answers = await asyncio.gather(
+                *(http.post("/v1/completions", json=completion()) for _ in range(24))
+            )
+        rejected = [a for a in answers if a.status_code == 429]
+        assert rejected, "24 requests of ~560 KV tokens cannot all fit 4000 tokens"
+        assert any(a.status_code == 200 for a in answers)
+        for answer in rejected:
+            assert int(answer.headers["retry-after"]) >= 1
+            assert int(answer.headers["retry-after-ms"]) >= 1
+            assert int(answer.headers["retry-after-ms"]) <= int(answer.headers["retry-after"]) * 1000
+            error = answer.json()["error"]
+            assert error["type"] == "RateLimitError"
+            assert error["reason"] == "kv_capacity"
+            assert error["message"]
+        await assert_idle(gw)
+
+
+async def test_the_openai_sdk_honouring_retry_after_gets_through() -> None:
+    async with small_fleet() as fleet, running_gateway(config_for(fleet, max_queue_wait_s=0)) as gw:
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused")
+        async with client:
+            answers = await asyncio.gather(
+                *(
+                    client.completions.create(
+                        model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, extra_body={"ignore_eos": True}
+                    )
+                    for _ in range(10)
+                )
+            )
+        assert all(a.usage is not None and a.usage.completion_tokens == MAX_TOKENS for a in answers)
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            metrics = (await http.get("/metrics")).text
+        assert 'decision="reject"' in metrics, "some requests were turned away first"
+        await assert_idle(gw)
+
+
+async def test_no_preemption_behind_kvgate_while_the_same_load_direct_preempts() -> None:
+    async with small_fleet() as fleet:
+        async with (
+            running_gateway(config_for(fleet, max_queue_wait_s=300)) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=60) as http,
+        ):
+            answers = await asyncio.gather(
+                *(http.post("/v1/completions", json=completion()) for _ in range(16))
+            )
+            assert all(a.status_code == 200 for a in answers), [
+                a.text for a in answers if a.status_code != 200
+            ]
+            assert preemptions(fleet) == 0
+            await assert_idle(gw)
+        async with httpx.AsyncClient(base_url=fleet.urls[0], timeout=60) as direct:
+            answers = await asyncio.gather(
+                *(direct.post("/v1/completions", json=completion()) for _ in range(16))
+            )
+            assert all(a.status_code == 200 for a in answers)
+        assert preemptions(fleet) > 4
+
+
+async def test_a_queued_client_that_leaves_is_dropped_from_the_queue_at_once() -> None:
+    async with (
+        small_fleet(time_scale=1.0) as fleet,
+        running_gateway(config_for(fleet, max_queue_wait_s=300)) as gw,
+    ):
+        async with httpx.AsyncClient(base_url=gw.url, timeout=60) as http:
+            holders = [asyncio.create_task(http.post("/v1/completions", json=completion())) for _ in range(7)]
+            assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 7)
+            waiter = asyncio.create_task(http.post("/v1/completions", json=completion()))
+            assert await eventually(lambda: gw.state.queued == 1)
+            waiter.cancel()
+            assert await eventually(lambda: gw.state.queued == 0, timeout_s=0.5)
+            assert gw.gateway.decider.controller.queue_stats(0.0).requests == 0
+            assert gw.state.ledger_totals().resident_sequences == 7, "the holders are still running"
+            answers = await asyncio.gather(*holders)
+            assert all(a.status_code == 200 for a in answers)
+        await assert_idle(gw)
+
+
+async def _post(gw: RunningGateway, body: dict[str, Any], key: str | None = None) -> httpx.Response:
+    headers = {} if key is None else {"authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+        return await http.post("/v1/completions", json=body, headers=headers)
+
+
+async def test_auth_on_an_unknown_key_is_401_and_a_known_key_is_served() -> None:
+    tenants = [{"name": "team", "api_keys": ["sk-team"]}]
+    async with (
+        small_fleet() as fleet,
+        running_gateway(config_for(fleet, auth_enabled=True, tenants=tenants)) as gw,
+    ):
+        for key in (None, "sk-wrong"):
+            answer = await _post(gw, completion(8), key)
+            assert answer.status_code == 401
+            assert answer.json()["error"]["type"] == "AuthenticationError"
+        assert (await _post(gw, completion(8), "sk-team")).status_code == 200
+        assert sum(sum(r.engine.stats.request_success.values()) for r in fleet.replicas) == 1
+        await assert_idle(gw)
+
+
+async def test_missing_max_tokens_under_reject_and_a_request_longer_than_the_model_are_400() -> None:
+    rules = {"default_model": {"max_tokens_policy": "reject"}}
+    async with small_fleet() as fleet, running_gateway(config_for(fleet, max_model_len=1000, **rules)) as gw:
+        no_cap = await _post(gw, {"model": MODEL, "prompt": "hello"})
+        assert no_cap.status_code == 400
+        assert no_cap.json()["error"]["param"] == "max_tokens"
+        too_long = await _post(gw, completion(1000 - PROMPT_TOKENS + 1))
+        assert too_long.status_code == 400
+        assert too_long.json()["error"]["param"] == "max_tokens"
+        assert "context length" in too_long.json()["error"]["message"]
+        assert sum(sum(r.engine.stats.request_success.values()) for r in fleet.replicas) == 0
+        await assert_idle(gw)
