@@ -11,8 +11,9 @@ import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.server import running_gateway
+from loadtest.client import RetryPolicy
 from loadtest.compare import ratios, run_compare
-from loadtest.report import Slo, summarize, write_report
+from loadtest.report import Slo, signal_series, summarize, write_report
 from loadtest.runner import RunOptions, Target, run
 from loadtest.sim.fleet import SimFleet
 from loadtest.workload import Trace, build_trace, load_workload, parse_workload, with_overrides
@@ -106,8 +107,44 @@ async def test_report_matches_the_simulator_through_kvgate(tmp_path: Path) -> No
     assert counts["vllm:request_success_total"] == summary.ok
     assert counts["vllm:prompt_tokens_total"] == summary.prompt_tokens
     assert counts["vllm:generation_tokens_total"] == summary.completion_tokens
-    write_report(tmp_path, trace, [result], SLO)
-    assert (tmp_path / "report.md").exists()
+    series = signal_series(result.signals)
+    assert set(series) == {"default"}
+    assert len(series["default"]["t_s"]) == len(result.signals) > 0
+    paths = write_report(tmp_path, trace, [result], SLO)
+    assert tmp_path / "kvgate_signals.png" in paths
+
+
+async def test_kvgate_rejects_are_counted_and_retry_after_is_honoured() -> None:
+    overload = {"duration_s": 1.0, "rate_rps": 20, "classes": [{"prompt_tokens": 1500, "output_tokens": 200}]}
+    tight = {"name": "default", "kv_capacity_tokens": 6000}
+    async with SimFleet(replicas=1, time_scale=0.3, seed=0) as fleet:
+        config = gateway_config(
+            fleet.urls,
+            pools=[{**tight, "replicas": list(fleet.urls)}],
+            admission={"max_queue_wait_s": 0.0, "retry_after_cap_s": 0.1},
+        )
+        async with running_gateway(config) as gw:
+            plain = await run(Target("kvgate", gw.url), build_trace(parse_workload(overload), 0))
+            retrying = await run(
+                Target("kvgate", gw.url),
+                build_trace(parse_workload(overload), 0, salt=1),
+                RunOptions(retry=RetryPolicy(max_retries=5)),
+            )
+            await assert_idle(gw)
+        counts = await simulator_counts(fleet.urls)
+    first, second = summarize(plain, SLO), summarize(retrying, SLO)
+    assert first.rejects > 0
+    assert first.retries == 0
+    assert second.retries > 0
+    for record in (r for r in retrying.records if r.retries):
+        # Each wait was the server's retry-after-ms (at most the 0.1 s cap), not the 0.5 s back-off.
+        assert 0 < record.wait_honoured_s <= 0.1 * record.retries + 1e-9
+        if record.ok:
+            assert record.ttft_s is not None
+            assert record.ttft_s > record.wait_honoured_s
+    assert counts["vllm:request_success_total"] == first.ok + second.ok
+    assert counts["vllm:prompt_tokens_total"] == first.prompt_tokens + second.prompt_tokens
+    assert counts["vllm:generation_tokens_total"] == first.completion_tokens + second.completion_tokens
 
 
 async def test_closed_loop_keeps_concurrency_and_counts_match() -> None:
