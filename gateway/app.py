@@ -2,9 +2,9 @@
 
 The two completion routes go straight to ``Proxy.handle`` and ``GET /signals`` to the metrics'
 JSON document; every other path goes to FastAPI. The dispatcher also owns the lifespan: the shared
-upstream session, the first health probe round (so readiness is known before the first request)
-and the background tasks: health probes, DNS, the admission pump, Redis coordination and the
-autoscaling recommender when configured.
+upstream session, the first health probe and ``/metrics`` scrape round (so readiness is known
+before the first request) and the background tasks: health probes, vLLM metrics scraping, DNS,
+the admission pump, Redis coordination and the autoscaling recommender when configured.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from gateway.errors import MethodNotAllowed
 from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Message, Proxy, Receive, Scope, Send, request_id_of, send_error
+from gateway.scrape import Scraper
 from gateway.state import GatewayState
 from gateway.upstream import create_session
 from gateway.work import FleetWork
@@ -66,9 +67,11 @@ class Gateway:
         for discovery in discoveries:
             await discovery.refresh()
         monitor = HealthMonitor(self.state, self._session, self.config.health, self.decider)
-        await monitor.probe_all()
+        scraper = Scraper(self.state, self._session, self.config.health.interval_s)
+        await asyncio.gather(monitor.probe_all(), scraper.scrape_all())
         self._tasks = [
             asyncio.create_task(monitor.run(), name="kvgate-health"),
+            asyncio.create_task(scraper.run(), name="kvgate-scrape"),
             asyncio.create_task(self.decider.run(), name="kvgate-admission-pump"),
         ]
         self._tasks += [asyncio.create_task(d.run(), name="kvgate-dns") for d in discoveries]

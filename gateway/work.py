@@ -4,7 +4,8 @@
 ``/metrics`` and ``/signals``: queued prompt tokens from the admission queue, pending prompt tokens
 and resident sequences from the reservations ledger (each reservation counted in its replica's
 pool), the KV occupancy estimate (reserved over capacity) beside the replica's scraped value, and
-whether each replica is ready or still inside its warm-up window. It reads; it never changes state.
+whether each replica is ready or still inside its warm-up window. Every model a pool serves has a
+row, so an idle pool reports zeros rather than nothing. It reads; it never changes state.
 """
 
 from __future__ import annotations
@@ -37,9 +38,11 @@ class FleetWork:
     def pool_work(self) -> Iterable[PoolWork]:
         now_s = self._clock()
         state = self._state
-        models: dict[str, dict[str, list[int]]] = {
-            p: defaultdict(lambda: [0, 0, 0, 0, 0]) for p in state.pools
-        }
+        models: dict[str, dict[str, list[int]]] = {}
+        for name, pool in state.pools.items():
+            models[name] = defaultdict(lambda: [0, 0, 0, 0, 0])
+            for model in state.pool_models(pool):
+                models[name][model] = [0, 0, 0, 0, 0]
         for request in self._decider.queued_requests():
             if request.admission is not None:
                 row = models[self._decider.pool_of(request.model)][request.model]
