@@ -226,6 +226,13 @@ _DEFAULT_DEADLINE_HEADERS = (
 
 
 class AdmissionConfig(_Section):
+    enabled: bool = Field(
+        default=True,
+        description=(
+            "Admit, queue or reject by KV cost (bool). Default true. false: every authenticated request is "
+            "routed at once (a baseline for benchmarks; replicas may then preempt). Example: false."
+        ),
+    )
     auth_enabled: bool = Field(
         default=False,
         description="Require a known API key (401 otherwise) (bool). Default false (as in 'kvgate up'). "

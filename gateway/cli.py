@@ -135,6 +135,12 @@ async def _run_up(args: argparse.Namespace) -> None:
                         "max_sequences": profile.max_num_seqs,
                     }
                 ],
+                "admission": {
+                    "enabled": True,
+                    "auth_enabled": False,
+                    "max_active_sequences_per_replica": profile.max_num_seqs,
+                },
+                "routing": {"policy": "kvgate"},
             },
             {},
             "kvgate up",

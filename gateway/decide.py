@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -43,6 +44,7 @@ from routing.router import Router
 _TTFT_EWMA_WEIGHT = 0.2
 _ITL_EWMA_WEIGHT = 0.05
 PUMP_INTERVAL_S = 0.05
+_UNBOUNDED = 1 << 40
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +182,10 @@ class KvgateDecider:
         request.admission = admission
         request.routing = RoutingRequest.from_token_ids(request.model, token_ids, cost.max_output_tokens)
         self.retry_budget.record_request(now_s)
-        decision = self.controller.decide(admission, self.views(now_s), now_s)
         pool = self.pool_of(request.model)
+        if not self._config.enabled:
+            return self._route_unadmitted(request, now_s)
+        decision = self.controller.decide(admission, self.views(now_s), now_s)
         if isinstance(decision, Reject):
             self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=request.model)
             return _refusal_of(decision)
@@ -200,6 +204,22 @@ class KvgateDecider:
         assert isinstance(decision, Queue)
         self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=request.model)
         return await self._wait(request, decision)
+
+    def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
+        """Admission off: route among every healthy replica as if each had unbounded KV room."""
+        unbounded = tuple(
+            dataclasses.replace(v, capacity_kv_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
+            for v in self.views(now_s)
+        )
+        route = self._place(request, unbounded, now_s)
+        pool = self.pool_of(request.model)
+        if route is None:
+            self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
+            retry_after_s = self._config.no_replica_retry_after_s
+            message = f"No replica serving '{request.model}' is available."
+            return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
+        self._metrics.count_decision("admit", "admission_off", pool=pool, model=request.model)
+        return route
 
     async def _encode(self, request: ProxyRequest) -> list[int]:
         assert self.session is not None, "gateway not started"
