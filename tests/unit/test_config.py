@@ -78,6 +78,29 @@ def test_pools_may_only_name_configured_models() -> None:
     assert "not configured models" in " ".join(problems_of(data).values())
 
 
+def test_model_facts_are_set_once_in_models_not_in_admission() -> None:
+    admission = {
+        "default_model": {"max_model_len_tokens": 4096, "max_tokens_policy": "reject"},
+        "models": {"m": {"tokenizer": {"kind": "bytes"}, "default_max_tokens": 64}},
+    }
+    text = " ".join(problems_of({**MINIMAL, "admission": admission}).values())
+    assert "admission.default_model.max_model_len_tokens" in text
+    assert "admission.models.'m'.tokenizer" in text
+    assert "max_tokens_policy:" not in text and "default_max_tokens:" not in text
+    policy_only = {"default_model": {"max_tokens_policy": "reject", "default_max_tokens": 64}}
+    assert (
+        parse_config({**MINIMAL, "admission": policy_only}, {}).admission.default_model.default_max_tokens
+        == 64
+    )
+
+
+def test_coordination_and_autoscaler_are_optional_sections() -> None:
+    config = parse_config(MINIMAL, {})
+    assert config.coordination is None and config.autoscaler is None
+    config = parse_config({**MINIMAL, "coordination": {"redis_url": "redis://127.0.0.1:6379/0"}}, {})
+    assert config.coordination is not None and config.coordination.lease_s == 5.0
+
+
 @pytest.mark.parametrize(
     "kind",
     [
