@@ -348,8 +348,19 @@ def timeline(records: Sequence[RequestRecord], slo: Slo, bucket_s: float = 1.0) 
     return {"t_s": [i * bucket_s for i in range(buckets)], "sent": sent, "goodput": good, "rejects": rejects}
 
 
+SIGNAL_FIELDS = (
+    "queued_requests",
+    "queued_prompt_tokens",
+    "pending_prompt_tokens",
+    "kv_occupancy_estimate_ratio",
+    "kv_occupancy_scraped_ratio",
+)
+
+
 def signal_series(samples: Sequence[SignalSample]) -> dict[str, dict[str, list[float]]]:
-    """Per pool: time, queued requests, queued prompt tokens and KV occupancy from ``/signals``."""
+    """Per pool, from kvgate's ``/signals``: time, requests and prompt tokens in kvgate's queue,
+    prompt tokens admitted but awaiting their first token, and KV occupancy as kvgate reserved it
+    and as the replicas reported it (NaN when not scraped). Missing counts read as 0."""
     series: dict[str, dict[str, list[float]]] = {}
     for sample in samples:
         pools = sample.payload.get("pools")
@@ -358,15 +369,13 @@ def signal_series(samples: Sequence[SignalSample]) -> dict[str, dict[str, list[f
         for pool, doc in pools.items():
             if not isinstance(doc, Mapping):
                 continue
-            row = series.setdefault(
-                str(pool), {"t_s": [], "queued_requests": [], "queued_prompt_tokens": [], "kv_occupancy": []}
-            )
-            scraped = doc.get("kv_occupancy_scraped_ratio")
+            row = series.setdefault(str(pool), {"t_s": [], **{name: [] for name in SIGNAL_FIELDS}})
             row["t_s"].append(sample.at_s)
-            row["queued_requests"].append(float(doc.get("queued_requests") or 0))
-            row["queued_prompt_tokens"].append(float(doc.get("queued_prompt_tokens") or 0))
-            occupancy = scraped if scraped is not None else doc.get("kv_occupancy_estimate_ratio")
-            row["kv_occupancy"].append(float(occupancy or 0.0))
+            for name in SIGNAL_FIELDS:
+                value = doc.get(name)
+                if value is None:
+                    value = math.nan if name == "kv_occupancy_scraped_ratio" else 0.0
+                row[name].append(float(value))
     return series
 
 
@@ -412,9 +421,22 @@ def write_plots(out_dir: Path, results: Sequence[RunResult], slo: Slo) -> list[P
         for result, pools in with_signals:
             for pool, row in pools.items():
                 label = f"{result.target.name}/{pool}" if len(results) > 1 else pool
-                axes[0].plot(row["t_s"], row["queued_prompt_tokens"], label=label)
-                axes[1].plot(row["t_s"], row["kv_occupancy"], label=label)
-        axes[0].set_ylabel("queued prompt tokens")
+                line = axes[0].plot(
+                    row["t_s"], row["queued_prompt_tokens"], label=f"{label}: in kvgate queue"
+                )
+                color = line[0].get_color()
+                axes[0].plot(
+                    row["t_s"], row["pending_prompt_tokens"], color=color, linestyle="--",
+                    label=f"{label}: awaiting prefill",
+                )  # fmt: skip
+                axes[1].plot(
+                    row["t_s"], row["kv_occupancy_scraped_ratio"], color=color, label=f"{label}: replicas"
+                )
+                axes[1].plot(
+                    row["t_s"], row["kv_occupancy_estimate_ratio"], color=color, linestyle="--",
+                    label=f"{label}: kvgate reserved",
+                )  # fmt: skip
+        axes[0].set_ylabel("prompt tokens")
         axes[1].set_ylabel("KV occupancy")
         axes[1].set_ylim(0, 1.05)
         axes[1].set_xlabel("time since start (s)")

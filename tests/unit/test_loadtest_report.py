@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from loadtest.client import RequestRecord
@@ -103,8 +105,11 @@ def test_signal_series_prefers_scraped_occupancy_and_tolerates_junk() -> None:
     ]
     series = signal_series(samples)
     assert series["default"]["t_s"] == [1.0, 2.0]
-    assert series["default"]["kv_occupancy"] == [0.4, 0.6]
+    assert series["default"]["kv_occupancy_scraped_ratio"][0] == 0.4
+    assert math.isnan(series["default"]["kv_occupancy_scraped_ratio"][1])
+    assert series["default"]["kv_occupancy_estimate_ratio"] == [0.5, 0.6]
     assert series["default"]["queued_prompt_tokens"] == [300.0, 0.0]
+    assert series["default"]["queued_requests"] == [2.0, 0.0]
 
 
 def test_class_table_splits_goodput_by_class() -> None:
