@@ -27,7 +27,7 @@ T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``loadtest`` (and ``loadtest compare``); handlers are set as both ``run`` and ``func``."""
+    """Add ``loadtest`` (and ``loadtest compare``); each sets ``run``, as ``kvgate`` dispatches."""
     parser = subparsers.add_parser(
         "loadtest",
         help="drive an OpenAI-compatible target with a token-aware workload and report goodput",
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_common(parser)
     parser.add_argument("--target", help="base URL, e.g. http://127.0.0.1:8080 (a trailing /v1 is fine)")
-    parser.set_defaults(run=main_run, func=main_run, targets=None)
+    parser.set_defaults(run=main_run, targets=None)
     commands = parser.add_subparsers(dest="loadtest_command")
     compare = commands.add_parser(
         "compare",
@@ -61,7 +61,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="send every target the same prompt texts (default: own texts per target, same lengths and "
         "times, so targets sharing replicas do not hit each other's prefix cache)",
     )
-    compare.set_defaults(run=main_compare, func=main_compare)
+    compare.set_defaults(run=main_compare)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

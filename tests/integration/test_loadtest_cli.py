@@ -60,7 +60,7 @@ def test_loadtest_command_writes_the_report(
     args = parser.parse_args(
         ["loadtest", "--target", sim_url, "--workload", str(workload), "--seed", "3", "--out", str(out)]
     )
-    assert args.func(args) == 0
+    assert args.run(args) == 0
     captured = capsys.readouterr()
     assert "generator CPU" in captured.out
     assert "sent" in captured.err
@@ -73,4 +73,4 @@ def test_loadtest_command_writes_the_report(
     assert {p.name for p in out.iterdir()} >= {"report.md", "results.json", "ttft_cdf.png", "rates.png"}
 
     args.fail_below_goodput = 1.01
-    assert args.func(args) == 2
+    assert args.run(args) == 2

@@ -84,7 +84,7 @@ def test_cli_run_flags() -> None:
             "/tmp/x",
         ]
     )
-    assert args.func.__name__ == "main_run"
+    assert args.run.__name__ == "main_run"
     assert (args.target, args.workload, args.duration_s, args.rate_rps, args.seed) == (
         "http://h:8080",
         "mixed",
@@ -110,7 +110,7 @@ def test_cli_compare_flags() -> None:
             "burst",
         ]
     )
-    assert args.func.__name__ == "main_compare"
+    assert args.run.__name__ == "main_compare"
     assert args.targets == ["a=http://h:1", "b=http://h:2"]
     assert args.baseline == "b"
     assert args.workload == "burst"
@@ -118,4 +118,4 @@ def test_cli_compare_flags() -> None:
 
 def test_cli_run_without_target_fails() -> None:
     args = _parser().parse_args(["loadtest"])
-    assert args.func(args) == 1
+    assert args.run(args) == 1
