@@ -241,8 +241,6 @@ async def main() -> None:
             "--cold-start-s",
             "0",
         ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
     )
     replica_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(args.replicas)]
     try:
