@@ -141,14 +141,18 @@ class ReplicaHealth:
             ejected_until_s=now_s + rules.backoff_s(ejections),
         )
 
-    def apply(self, view: ReplicaView, now_s: float) -> ReplicaView:
-        """``view`` with its health fields from this state; load and everything else unchanged."""
+    def view_fields(self, now_s: float) -> tuple[bool, float | None, float]:
+        """A view's health fields from this state: ``healthy``, ``ready_since_s``, ``backoff_until_s``."""
         routable = self.routable(now_s)
         ready_since_s = self.ready_since_s
         if self.state is HealthState.EJECTED:
             ready_since_s = self.ejected_until_s if routable else None
-        backoff_until_s = max(self.avoid_until_s, self.ejected_until_s)
-        return replace(view, healthy=routable, ready_since_s=ready_since_s, backoff_until_s=backoff_until_s)
+        return routable, ready_since_s, max(self.avoid_until_s, self.ejected_until_s)
+
+    def apply(self, view: ReplicaView, now_s: float) -> ReplicaView:
+        """``view`` with its health fields from this state; load and everything else unchanged."""
+        healthy, ready_since_s, backoff_until_s = self.view_fields(now_s)
+        return replace(view, healthy=healthy, ready_since_s=ready_since_s, backoff_until_s=backoff_until_s)
 
 
 class HealthTracker:

@@ -92,7 +92,8 @@ class PrefixIndex:
         return low
 
     def longest_holders(self, hashes: Sequence[int]) -> tuple[int, tuple[str, ...]]:
-        """The longest prefix of ``hashes`` any replica holds, in blocks, and the replicas holding it."""
+        """The longest prefix of ``hashes`` any replica holds, in blocks, and the replicas holding it
+        (sorted, so a seeded picker decides the same whatever the process's string-hash seed)."""
         holders = self._holders
         low, high = 0, len(hashes)
         while low < high:
@@ -104,7 +105,7 @@ class PrefixIndex:
         if low == 0:
             return 0, ()
         held = holders[hashes[low - 1]]
-        return low, (held,) if isinstance(held, str) else tuple(held)
+        return low, (held,) if isinstance(held, str) else tuple(sorted(held))
 
     def remove_replica(self, replica_id: str) -> None:
         blocks = self._by_replica.pop(replica_id, None)

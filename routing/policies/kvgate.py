@@ -89,11 +89,16 @@ class KvgatePolicy:
             _, holders = self._index.longest_holders(request.block_hashes)
             most_holders = max(1, size // 4)
             if len(holders) > most_holders:
-                holders = tuple(self._rng.sample(holders, most_holders))
+                # Oversample: a holder may be absent from this snapshot (ejected, removed).
+                holders = tuple(self._rng.sample(holders, min(len(holders), 4 * most_holders)))
+            added = 0
             for replica_id in holders:
                 position = self._position(replicas, replica_id)
                 if position is not None:
                     positions.add(position)
+                    added += 1
+                    if added == most_holders:
+                        break
         return [replicas[position] for position in sorted(positions)]
 
     def _position(self, replicas: Sequence[ReplicaView], replica_id: str) -> int | None:
