@@ -125,7 +125,7 @@ class KvgateDecider:
         views = []
         for r in self._state.replicas.values():
             load = ledger.load(r.replica_id)
-            other = foreign.get(r.replica_id)
+            other = foreign.get(r.replica_id) if foreign else None
             if other is not None:
                 load = ReplicaLoad(
                     load.prefill_tokens_pending + other.prefill_tokens_pending,
@@ -133,21 +133,24 @@ class KvgateDecider:
                     load.remaining_decode_tokens + other.remaining_decode_tokens,
                     load.reserved_kv_tokens + other.reserved_kv_tokens,
                 )
-            view = ReplicaView(
-                replica_id=r.replica_id,
-                url=r.url,
-                pool=r.pool,
-                role=r.role,
-                models=r.models,
-                capacity_kv_tokens=r.kv_capacity_tokens,
-                max_sequences=r.max_sequences,
-                healthy=False,
-                ready_since_s=None,
-                load=load,
-                scraped=r.scraped,
-                ttft_ewma_s=r.ttft_ewma_s,
+            healthy, ready_since_s, backoff_until_s = self.health.get(r.replica_id).view_fields(now_s)
+            views.append(
+                ReplicaView(
+                    r.replica_id,
+                    r.url,
+                    r.pool,
+                    r.role,
+                    r.models,
+                    r.kv_capacity_tokens,
+                    r.max_sequences,
+                    healthy,
+                    ready_since_s,
+                    load,
+                    r.scraped,
+                    r.ttft_ewma_s,
+                    backoff_until_s,
+                )
             )
-            views.append(self.health.apply(view, now_s))
         return views
 
     def queued_requests(self) -> list[ProxyRequest]:
@@ -328,8 +331,14 @@ class KvgateDecider:
         self.pump()
 
     def observe(self, replica: ReplicaState, status: int | None, retry_after_s: float | None = None) -> None:
-        """A replica's answer (``None``: no answer) as passive health."""
-        self.observe_outcome(replica, outcome_of_status(status), retry_after_s)
+        """A replica's answer (``None``: no answer) as passive health. A success on a replica already
+        healthy with no failure pending changes nothing the probes would not, so it is skipped."""
+        outcome = outcome_of_status(status)
+        if outcome is Outcome.SUCCESS:
+            health = self.health.get(replica.replica_id)
+            if health.state is HealthState.HEALTHY and not health.consecutive_failures:
+                return
+        self.observe_outcome(replica, outcome, retry_after_s)
 
     def observe_outcome(
         self, replica: ReplicaState, outcome: Outcome, retry_after_s: float | None = None
