@@ -110,6 +110,7 @@ class KvgateDecider:
         )
         self.retry_budget = RetryBudget.from_config(config.routing)
         self._encoder = PromptEncoder(config.models)
+        state.removal_listeners.append(self.forget)
         self._waiting: dict[int, tuple[ProxyRequest, asyncio.Future[Route | Refusal]]] = {}
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
         self.session: aiohttp.ClientSession | None = None

@@ -7,7 +7,7 @@ counters go up when a request is routed to a replica and down exactly once in th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,8 @@ class GatewayState:
     ledger: InMemoryLedger = field(default_factory=InMemoryLedger)
     queued: int = 0
     """Requests waiting in the admission queue."""
+    removal_listeners: list[Callable[[str], None]] = field(default_factory=list)
+    """Called with the id of each replica that leaves the set (its prefix and health state go)."""
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayState:
@@ -96,6 +98,8 @@ class GatewayState:
         for replica_id in [r.replica_id for r in self.replicas.values() if r.pool == pool_name]:
             if replica_id not in wanted:
                 del self.replicas[replica_id]
+                for listener in self.removal_listeners:
+                    listener(replica_id)
         for url in sorted(wanted):
             if url not in self.replicas:
                 self.replicas[url] = ReplicaState(

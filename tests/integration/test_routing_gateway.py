@@ -50,7 +50,8 @@ async def stream(http: httpx.AsyncClient, request_id: str, started: asyncio.Even
 
 
 async def short(http: httpx.AsyncClient, i: int) -> httpx.Response:
-    body = {"model": MODEL, "prompt": f"question number {i} about routing", "max_tokens": 4}
+    prompt = f"question number {i}: " + "how does a gateway route requests to replicas? " * 4
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4}
     return await http.post("/v1/completions", json=body)
 
 
@@ -91,4 +92,22 @@ async def test_a_paused_replica_is_ejected_by_its_probes_and_readmitted_when_it_
             answers = await asyncio.gather(*(short(http, 100 + i) for i in range(16)))
             assert [a.status_code for a in answers] == [200] * 16
         assert sum(fleet.replicas[0].engine.stats.request_success.values()) > 0
+        await assert_idle(gw)
+
+
+async def test_a_replica_removed_from_its_pool_is_forgotten_by_routing_and_health() -> None:
+    async with fleet_of_two(time_scale=0.0) as fleet, running_gateway(config_for(fleet)) as gw:
+        gone, kept = fleet.urls
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            answers = await asyncio.gather(*(short(http, i) for i in range(8)))
+            assert [a.status_code for a in answers] == [200] * 8
+            index = gw.gateway.decider.router.prefix_index
+            assert index.size_blocks(gone) > 0 and health_of(gw, gone) is HealthState.HEALTHY
+            gw.state.set_pool_urls("default", [kept])
+            assert index.size_blocks(gone) == 0
+            assert health_of(gw, gone) is HealthState.STARTING
+            served_before = sum(fleet.replicas[0].engine.stats.request_success.values())
+            answers = await asyncio.gather(*(short(http, 100 + i) for i in range(8)))
+            assert [a.status_code for a in answers] == [200] * 8
+        assert sum(fleet.replicas[0].engine.stats.request_success.values()) == served_before
         await assert_idle(gw)
