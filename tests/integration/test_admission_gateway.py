@@ -11,6 +11,7 @@ import httpx
 import openai
 
 from admission.tokenizer import TiktokenTokenizer
+from gateway.prompt import OFF_LOOP_TEXT_BYTES
 from gateway.server import RunningGateway, running_gateway
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
@@ -160,4 +161,48 @@ async def test_missing_max_tokens_under_reject_and_a_request_longer_than_the_mod
         assert too_long.json()["error"]["param"] == "max_tokens"
         assert "context length" in too_long.json()["error"]["message"]
         assert sum(sum(r.engine.stats.request_success.values()) for r in fleet.replicas) == 0
+        await assert_idle(gw)
+
+
+async def test_the_replica_tokenizer_counts_exactly_and_usage_calibrates_streams_and_bodies() -> None:
+    async with small_fleet() as fleet:
+        model = {
+            "name": MODEL,
+            "max_model_len": 131072,
+            "kv_bytes_per_token": 131072,
+            "tokenizer": {"kind": "replica"},
+        }
+        pool = {"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": KV_CAPACITY_TOKENS}
+        config = gateway_config(fleet.urls, models=[model], pools=[pool])
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            chat = {"model": MODEL, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 8}
+            assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
+            streamed = await http.post("/v1/completions", json=completion(8, stream=True))
+            assert streamed.status_code == 200 and b'"usage"' not in streamed.content
+            calibration = gw.gateway.decider.controller.calibration.prompt(MODEL)
+            assert calibration is not None
+            assert calibration.requests == 2
+            assert calibration.estimated_tokens_total == calibration.actual_tokens_total
+            await assert_idle(gw)
+
+
+async def test_a_large_prompt_is_counted_off_the_event_loop_and_matches_the_replica() -> None:
+    async with (
+        SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet,
+        running_gateway(gateway_config(fleet.urls)) as gw,
+    ):
+        prompt = "the gateway counts every token of a long prompt " * 800
+        assert len(prompt.encode()) > OFF_LOOP_TEXT_BYTES
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            answer = await http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4}
+            )
+        assert answer.status_code == 200
+        calibration = gw.gateway.decider.controller.calibration.prompt(MODEL)
+        assert calibration is not None
+        assert (
+            calibration.estimated_tokens_total
+            == calibration.actual_tokens_total
+            == answer.json()["usage"]["prompt_tokens"]
+        )
         await assert_idle(gw)
