@@ -7,7 +7,7 @@ first with admission on, then with ``admission.enabled: false``. A client that g
 ``retry-after-ms`` and tries again (up to ``--retries`` times). Printed per phase: admitted
 requests, p50/p95 TTFT of admitted streams, preemptions (the replicas' own
 ``vllm:num_preemptions_total``), 429s, the share of 429'd clients whose first retry succeeded, and
-the Retry-After error: median of (first token of the request that finally got in − its first 429)
+the Retry-After error: median of (first token of the request that finally got in - its first 429)
 minus the first ``retry-after-ms``; positive means the hint was too short. Not a test.
 
     python -m loadtest.bench_admission [--duration-s 20] [--overload 2.0] [--replicas 2]
