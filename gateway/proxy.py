@@ -192,7 +192,7 @@ class Proxy:
             raise
         except Exception as exc:
             error = translate_upstream(exc, replica_url)
-            if error.status != 503:
+            if response is None or response.status < 500:
                 decider.observe(replica, None)
             if not request.response_started:
                 return error

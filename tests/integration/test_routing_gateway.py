@@ -13,6 +13,7 @@ from gateway.server import RunningGateway, running_gateway
 from loadtest.sim.fleet import SimFleet
 from routing.health import HealthState
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from tests.integration.test_gateway_errors import failing_replica
 
 FAST_HEALTH = {"interval_s": 0.1, "timeout_s": 0.2}
 FAST_EJECTION = {"warmup_s": 0, "ejection_backoff_base_s": 0.5, "ejection_backoff_max_s": 1.0}
@@ -110,4 +111,17 @@ async def test_a_replica_removed_from_its_pool_is_forgotten_by_routing_and_healt
             answers = await asyncio.gather(*(short(http, 100 + i) for i in range(8)))
             assert [a.status_code for a in answers] == [200] * 8
         assert sum(fleet.replicas[0].engine.stats.request_success.values()) == served_before
+        await assert_idle(gw)
+
+
+async def test_a_replica_answering_500_is_retried_around_and_ejected_by_passive_health() -> None:
+    async with (
+        failing_replica(500) as broken,
+        SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet,
+        running_gateway(gateway_config([broken, *fleet.urls], health={"interval_s": 5.0})) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=30) as http,
+    ):
+        answers = [await short(http, i) for i in range(8)]
+        assert [a.status_code for a in answers] == [200] * 8
+        assert health_of(gw, broken) is HealthState.EJECTED
         await assert_idle(gw)
