@@ -171,7 +171,12 @@ class KvgateDecider:
         declared = requested_max_tokens(request.body)
         if isinstance(declared, InvalidRequest):
             return Refusal(BadRequest(declared.message, param=declared.param, reason="invalid_request"))
-        token_ids = await self._encode(request)
+        try:
+            token_ids = await self._encode(request)
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            message = f"cannot count the prompt's tokens with a replica of '{request.model}': {exc}"
+            retry_after_s = self._config.no_replica_retry_after_s
+            return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
         cost = estimate_cost(request.model, len(token_ids), declared, self._config)
         if isinstance(cost, InvalidRequest):
             return Refusal(BadRequest(cost.message, param=cost.param, reason="invalid_request"))
@@ -199,13 +204,10 @@ class KvgateDecider:
                 self._metrics.count_decision("admit", "fits", pool=pool, model=request.model)
                 self._metrics.observe_queue_wait(pool, request.model, 0.0)
                 return route
-            decision = self.controller.decide(admission, self.views(now_s), now_s)
-            if not isinstance(decision, Queue):
-                reject = decision if isinstance(decision, Reject) else None
-                if reject is None:
-                    return Refusal(ServiceUnavailable("no replica can take the request", retry_after_s=1.0))
-                return _refusal_of(reject)
-        assert isinstance(decision, Queue)
+            self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
+            message = f"No replica serving '{request.model}' can take the request now."
+            retry_after_s = self._config.no_replica_retry_after_s
+            return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
         self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=request.model)
         return await self._wait(request, decision)
 
