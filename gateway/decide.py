@@ -292,6 +292,8 @@ class KvgateDecider:
 
     def tick(self) -> None:
         """Expire overdue waits (each answered with its 429) and dispatch what fits."""
+        if not self._waiting:
+            return
         now_s = self._clock()
         views = self.views(now_s)
         for expired in self.controller.expire(now_s, views):
