@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from config.admission import AdmissionConfig
 from config.autoscaler import AutoscalerConfig
@@ -72,6 +72,23 @@ class Server(Section):
         description="Seconds an idle upstream connection is kept open. Default 30. Example: 15",
     )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts, in seconds.")
+    admin_token: str | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Bearer token required on /admin/* (Authorization: Bearer <token>); unset: /admin/* "
+            "accepts loopback clients only. An all-digit value (KVGATE_SERVER__ADMIN_TOKEN=1234, which "
+            "YAML reads as a number) is taken as text; quote one with leading zeros. Default none. "
+            "Example: 3f9c1e7a0b"
+        ),
+    )
+
+    @field_validator("admin_token", mode="before")
+    @classmethod
+    def _digits_are_text(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
 
 
 class Health(Section):

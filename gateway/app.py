@@ -43,7 +43,7 @@ class Gateway:
         self.decider = KvgateDecider(self.state, config, self.metrics)
         routing = config.routing
         self.metrics.bind(FleetWork(self.state, self.decider, routing.scrape_stale_s, routing.warmup_s))
-        self.admin = build_admin_app(self.state, self.metrics.render)
+        self.admin = build_admin_app(self.state, self.metrics.render, admin_token=config.server.admin_token)
         self.coordinator: RedisCoordinator | None = None
         self._session: aiohttp.ClientSession | None = None
         self._proxy: Proxy | None = None

@@ -1,4 +1,5 @@
-"""Who may call ``/admin/*``: the bearer of the admin token, or loopback clients when none is set."""
+"""Who may call ``/admin/*``: the bearer of the admin token, or loopback clients when none is set;
+the token comes from ``server.admin_token`` (or ``KVGATE_SERVER__ADMIN_TOKEN``) of a running gateway."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from config.loader import parse_config
 from gateway.admin import build_admin_app
+from gateway.server import running_gateway
 from gateway.state import GatewayState
 from tests.integration.conftest import gateway_config
 
@@ -66,3 +69,33 @@ async def test_routes_outside_admin_stay_open() -> None:
         assert (await http.get("/healthz")).status_code == 200
         assert (await http.get("/v1/models")).status_code == 200
         assert (await http.get("/metrics")).status_code == 200
+
+
+async def test_a_running_gateway_takes_its_admin_token_from_the_config() -> None:
+    config = gateway_config([REPLICA], server={"admin_token": TOKEN})
+    async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        anonymous = await http.get("/admin/pools")
+        wrong = await http.get("/admin/pools", headers={"authorization": "Bearer nope"})
+        bearer = await http.put(
+            "/admin/pools/default/replicas",
+            json={"urls": ["http://127.0.0.1:10"]},
+            headers={"authorization": f"Bearer {TOKEN}"},
+        )
+        assert anonymous.status_code == 401 and wrong.status_code == 401
+        assert anonymous.headers["www-authenticate"] == "Bearer"
+        assert bearer.status_code == 200
+        assert list(gw.state.replicas) == ["http://127.0.0.1:10"]
+
+
+async def test_an_all_digit_token_from_the_environment_is_text() -> None:
+    base = {
+        "server": {"port": 0},
+        "models": [{"name": "m", "max_model_len": 8192, "kv_bytes_per_token": 131072}],
+        "pools": [{"name": "default", "replicas": [REPLICA], "kv_capacity_tokens": 100000}],
+    }
+    config = parse_config(base, {"KVGATE_SERVER__ADMIN_TOKEN": "123456"})
+    assert config.server.admin_token == "123456"
+    async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        assert (await http.get("/admin/pools")).status_code == 401
+        granted = await http.get("/admin/pools", headers={"authorization": "Bearer 123456"})
+        assert granted.status_code == 200
