@@ -3,8 +3,12 @@
 Three behind one protocol. ``LogActuator`` only prints (a dry run, and the default). ``SimActuator``
 resizes a simulated fleet through the simulator's control API (``POST /replicas`` adds one that
 cold-starts, ``DELETE /replicas/{id}`` drains then removes one), newest replicas first, so the
-closed loop exercises real cold starts. ``KubernetesActuator`` patches a Deployment's scale
-subresource with the official client; the client is synchronous, so calls run in a worker thread.
+closed loop exercises real cold starts; given the gateway's URL it also sets the pool's replica set
+there (``PUT /admin/pools/{pool}/replicas``), ordered so no request is sent to a replica that is
+gone: on the way out the replica exists before the gateway learns of it (and stays cold there until
+its health check passes), on the way in the gateway forgets it before it drains.
+``KubernetesActuator`` patches a Deployment's scale subresource with the official client; the
+client is synchronous, so calls run in a worker thread.
 Each actuator is idempotent: applying the same recommendation twice changes nothing the second time.
 """
 
@@ -40,17 +44,21 @@ class LogActuator:
 
 
 class SimActuator:
-    """One simulated fleet per pool, each reached at its control URL."""
+    """One simulated fleet per pool, each reached at its control URL; optionally the gateway in front."""
 
     def __init__(
         self,
         session: aiohttp.ClientSession,
         control_urls: Mapping[str, str],
         cold_start_s: float | None = None,
+        gateway_url: str | None = None,
+        admin_token: str | None = None,
     ) -> None:
         self._session = session
         self._control_urls = {pool: url.rstrip("/") for pool, url in control_urls.items()}
         self._cold_start_s = cold_start_s
+        self._gateway_url = None if gateway_url is None else gateway_url.rstrip("/")
+        self._admin_headers = {} if admin_token is None else {"Authorization": f"Bearer {admin_token}"}
 
     async def live(self, pool: str) -> list[dict[str, Any]]:
         async with self._session.get(f"{self._control_urls[pool]}/replicas") as response:
@@ -59,19 +67,35 @@ class SimActuator:
         return [r for r in body["replicas"] if r["state"] in LIVE_SIM_STATES]
 
     async def apply(self, recommendation: Recommendation) -> None:
-        base = self._control_urls.get(recommendation.pool)
+        pool = recommendation.pool
+        base = self._control_urls.get(pool)
         if base is None:
             return
-        live = await self.live(recommendation.pool)
+        live = await self.live(pool)
         missing = recommendation.desired_replicas - len(live)
         if missing > 0:
             body = {} if self._cold_start_s is None else {"cold_start_s": self._cold_start_s}
             for _ in range(missing):
                 async with self._session.post(f"{base}/replicas", json=body) as response:
                     response.raise_for_status()
+                    live.append(await response.json())
+            await self.tell_gateway(pool, [r["url"] for r in live])
         elif missing < 0:
             newest_first = sorted(live, key=lambda r: (r["state"] != "starting", -int(r["id"])))
-            await asyncio.gather(*(self._remove(base, r["id"]) for r in newest_first[:-missing]))
+            victims = newest_first[:-missing]
+            victim_ids = {r["id"] for r in victims}
+            await self.tell_gateway(pool, [r["url"] for r in live if r["id"] not in victim_ids])
+            await asyncio.gather(*(self._remove(base, r["id"]) for r in victims))
+        else:
+            await self.tell_gateway(pool, [r["url"] for r in live])
+
+    async def tell_gateway(self, pool: str, urls: list[str]) -> None:
+        """Make ``urls`` the gateway's replica set for ``pool`` (idempotent; nothing without a gateway)."""
+        if self._gateway_url is None:
+            return
+        url = f"{self._gateway_url}/admin/pools/{pool}/replicas"
+        async with self._session.put(url, json={"urls": urls}, headers=self._admin_headers) as response:
+            response.raise_for_status()
 
     async def _remove(self, base: str, replica_id: int) -> None:
         async with self._session.delete(f"{base}/replicas/{replica_id}") as response:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.signals import pool_signals
 
 Clock = Callable[[], float]
+ADMIN_TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
 
 
 async def fetch_signals(session: aiohttp.ClientSession, gateway_url: str) -> dict[str, Any]:
@@ -86,7 +88,13 @@ def build_actuator(name: str, session: aiohttp.ClientSession, args: argparse.Nam
     if name == "log":
         return LogActuator()
     if name == "sim":
-        return SimActuator(session, _pairs(args.sim_control, "--sim-control"), cold_start_s=args.cold_start_s)
+        return SimActuator(
+            session,
+            _pairs(args.sim_control, "--sim-control"),
+            cold_start_s=args.cold_start_s,
+            gateway_url=args.gateway,
+            admin_token=args.admin_token,
+        )
     if name == "kubernetes":
         return KubernetesActuator(
             kubernetes_apps_api(), args.namespace, _pairs(args.deployment, "--deployment")
@@ -157,6 +165,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--cold-start-s", type=float, default=None, help="cold start of replicas the sim actuator adds"
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get(ADMIN_TOKEN_ENV),
+        help=f"bearer token for the gateway's /admin/* (default: ${ADMIN_TOKEN_ENV}); the sim actuator "
+        "sets the pool's replica set there",
     )
     parser.add_argument("--namespace", default="default", help="Kubernetes namespace (default default)")
     parser.add_argument(
