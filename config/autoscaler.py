@@ -177,6 +177,14 @@ class AutoscalerConfig(BaseModel):
     interval_s: float = Field(
         default=15.0, gt=0, description="Seconds between two reads of the signals. Default 15. Example: 5"
     )
+    signals_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds of events behind the gateway's /signals rates and latency quantiles, the policy's "
+            "view of the pool; keep it at or below scale_out_window_s. Default 60. Example: 30"
+        ),
+    )
     policy: PoolPolicy = Field(default_factory=PoolPolicy, description="Policy for every pool not in pools.")
     pools: dict[str, PoolPolicy] = Field(
         default_factory=dict,

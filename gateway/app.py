@@ -39,7 +39,8 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.state = GatewayState.from_config(config)
-        self.metrics = GatewayMetrics()
+        autoscaler = config.autoscaler
+        self.metrics = GatewayMetrics(window_s=60.0 if autoscaler is None else autoscaler.signals_window_s)
         self.decider = KvgateDecider(self.state, config, self.metrics)
         routing = config.routing
         self.metrics.bind(FleetWork(self.state, self.decider, routing.scrape_stale_s, routing.warmup_s))

@@ -6,6 +6,7 @@ requests it is serving finish and no client sees an error."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 import httpx
@@ -114,3 +115,18 @@ async def test_without_the_token_the_gateway_refuses_the_new_replica_set() -> No
             else:
                 raise AssertionError("the gateway accepted a replica set without the admin token")
             assert list(gw.state.replicas) == [fleet.urls[0]]
+
+
+async def test_the_autoscaler_section_sets_the_signals_window_and_the_gateway_publishes_its_answer() -> None:
+    autoscaler = {"interval_s": 0.1, "signals_window_s": 12.0, "policy": {"min_replicas": 3}}
+    async with SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet:
+        config = gateway_config(fleet.urls, autoscaler=autoscaler)
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+            doc: dict[str, Any] = (await http.get("/signals")).json()
+            assert doc["window_s"] == 12.0
+            for _ in range(100):
+                pool: dict[str, Any] = (await http.get("/signals")).json()["pools"]["default"]
+                if pool["desired_replicas"] is not None:
+                    break
+                await asyncio.sleep(0.05)
+            assert (pool["desired_replicas"], pool["desired_reason"]) == (3, "min_replicas")
