@@ -19,7 +19,7 @@ import contextlib
 import dataclasses
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -201,8 +201,7 @@ class KvgateDecider:
         if isinstance(decision, Admit):
             route = self._place(request, decision.candidates, now_s)
             if route is not None:
-                self._metrics.count_decision("admit", "fits", pool=pool, model=request.model)
-                self._metrics.observe_queue_wait(pool, request.model, 0.0)
+                self._metrics.count_admitted(pool, request.model, "fits", 0.0)
                 return route
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
             message = f"No replica serving '{request.model}' can take the request now."
@@ -224,7 +223,7 @@ class KvgateDecider:
             retry_after_s = self._config.no_replica_retry_after_s
             message = f"No replica serving '{request.model}' is available."
             return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
-        self._metrics.count_decision("admit", "admission_off", pool=pool, model=request.model)
+        self._metrics.count_admitted(pool, request.model, "admission_off", None)
         return route
 
     async def _encode(self, request: ProxyRequest) -> list[int]:
@@ -329,6 +328,8 @@ class KvgateDecider:
         reservation = self._state.ledger.get(request.request_id)
         if reservation is not None:
             self._state.ledger.release(request.request_id)
+        if request.ttft_s is not None:
+            self._metrics.observe_ttft(route.replica.pool, request.model, request.ttft_s)
         admission = request.admission
         if admission is not None and request.prompt_tokens is not None:
             used = request.prompt_tokens + (request.completion_tokens or 0)
@@ -363,36 +364,49 @@ class KvgateDecider:
 
     def first_token(self, request: ProxyRequest, replica: ReplicaState, now_s: float) -> None:
         self._state.ledger.first_token(request.request_id)
-        ttft_s = now_s - request.arrived_s
+        ttft_s = request.ttft_s = now_s - request.arrived_s
         previous = replica.ttft_ewma_s
         replica.ttft_ewma_s = (
             ttft_s if previous is None else previous + _TTFT_EWMA_WEIGHT * (ttft_s - previous)
         )
-        self._metrics.observe_ttft(replica.pool, request.model, ttft_s)
 
     def produced(self, request: ProxyRequest, tokens: int) -> None:
         self._state.ledger.produced(request.request_id, tokens)
 
     def finished(
-        self, request: ProxyRequest, replica: ReplicaState, itl_s: float | None, now_s: float
+        self,
+        request: ProxyRequest,
+        replica: ReplicaState,
+        itl_s: float | None,
+        now_s: float,
+        itl_gaps_s: Sequence[float] = (),
     ) -> None:
-        """Record what a completed response said about tokens and latency."""
-        pool = replica.pool
-        self._metrics.observe_e2e(pool, request.model, now_s - request.arrived_s)
+        """Record what a completed response said about tokens and latency: ``itl_s`` is the stream's
+        mean inter-token gap (it feeds the admission rates), ``itl_gaps_s`` every gap."""
         if itl_s is not None:
-            self._metrics.observe_itl(pool, request.model, itl_s)
             self._itl_s += _ITL_EWMA_WEIGHT * (itl_s - self._itl_s)
             rates = self.controller.rates
             self.controller.observe_rates(ServiceRates(self._itl_s, rates.prefill_tokens_per_s))
         admission = request.admission
-        if request.prompt_tokens is None or admission is None:
-            return
-        estimated = admission.cost.prompt_tokens
-        self.controller.calibration.observe_prompt(request.model, estimated, request.prompt_tokens)
-        self._metrics.observe_tokenizer_ratio(request.model, estimated, request.prompt_tokens)
-        output = request.completion_tokens or 0
-        self.controller.calibration.observe_output(request.model, output)
-        self._metrics.count_tokens(pool, request.model, request.prompt_tokens, output)
+        prompt_tokens = request.prompt_tokens
+        output_tokens = request.completion_tokens or 0
+        estimated = None
+        if prompt_tokens is not None and admission is not None:
+            estimated = admission.cost.prompt_tokens
+            calibration = self.controller.calibration
+            calibration.observe_prompt(request.model, estimated, prompt_tokens)
+            calibration.observe_output(request.model, output_tokens)
+        ttft_s, request.ttft_s = request.ttft_s, None
+        self._metrics.record_response(
+            replica.pool,
+            request.model,
+            ttft_s,
+            now_s - request.arrived_s,
+            itl_gaps_s,
+            prompt_tokens if admission is not None else None,
+            output_tokens,
+            estimated,
+        )
 
     def cancel_all(self) -> None:
         for _, future in self._waiting.values():

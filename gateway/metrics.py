@@ -3,7 +3,12 @@
 ``GatewayMetrics`` owns its own ``CollectorRegistry`` (never the process-global one, so tests can
 build many). Per-request events go through ``observe_*`` / ``count_*`` methods: each is one call on
 the hot path, touches a cached labelled child and the matching ``SignalsWindow`` slot, and never
-allocates a new label set after the first request of a pool and model. Work gauges (tokens queued,
+allocates a new label set after the first request of a pool and model. The latency histograms are
+kvgate's own collectors (``_BucketHistogram``): an observation is one ``bisect`` and two additions on
+the event loop, and a stream's inter-token gaps arrive in one call at its end and are binned in one
+pass, not one ``observe`` per token; their exposition is exactly what ``prometheus_client.Histogram``
+writes. ``record_response`` carries everything a finished response reports (TTFT, duration, gaps,
+tokens) in one call with one clock read. Work gauges (tokens queued,
 pending, resident, KV occupancy, replica readiness) are not pushed: a collector asks the gateway's
 ``PoolWorkSource`` at scrape time, so they are always current and drop to zero when the gateway is
 idle. Names follow Prometheus conventions: ``kvgate_<thing>_<unit>``, base units, ``_total``
@@ -14,11 +19,12 @@ only from the decision cores' bounded sets.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from bisect import bisect_left
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
@@ -173,14 +179,84 @@ def _work_families(work: list[PoolWork]) -> Iterator[Metric]:
     yield from (prefill, replica_occ, pool_occ, ready, warming, replicas)
 
 
+class _Buckets:
+    """One label set of a histogram: a count per bucket (the last is ``+Inf``), the sum, creation."""
+
+    __slots__ = ("counts", "created_s", "labels", "sum")
+
+    def __init__(self, labels: dict[str, str], size: int) -> None:
+        self.labels = labels
+        self.counts = [0] * size
+        self.sum = 0.0
+        self.created_s = time.time()
+
+
+class _BucketHistogram(Collector):
+    """A labelled histogram written exactly as ``prometheus_client.Histogram`` writes it (``_bucket``
+    per upper bound and ``+Inf``, ``_count``, ``_sum``, ``_created``), observed without locks: the
+    gateway records on its one event-loop thread, and a scrape from another thread copies each
+    count list first (one atomic copy under the GIL)."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labelnames: Sequence[str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self.bounds = tuple(buckets)
+        self._bound_labels = (*(repr(float(b)) for b in self.bounds), "+Inf")
+        self._children: dict[tuple[str, ...], _Buckets] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> _Buckets:
+        child = self._children.get(values)
+        if child is None:
+            labels = dict(zip(self._labelnames, values, strict=True))
+            child = self._children[values] = _Buckets(labels, len(self.bounds) + 1)
+        return child
+
+    def observe(self, child: _Buckets, value: float) -> None:
+        child.counts[bisect_left(self.bounds, value)] += 1
+        child.sum += value
+
+    def observe_many(self, child: _Buckets, values: Sequence[float]) -> None:
+        bounds = self.bounds
+        counts = child.counts
+        for value in values:
+            counts[bisect_left(bounds, value)] += 1
+        child.sum += sum(values)
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(self._name, self._documentation, "histogram")]
+
+    def collect(self) -> Iterable[Metric]:
+        histogram = Metric(self._name, self._documentation, "histogram")
+        created = Metric(self._name + "_created", self._documentation, "gauge")
+        for child in list(self._children.values()):
+            counts = list(child.counts)
+            total = 0
+            for le, n in zip(self._bound_labels, counts, strict=True):
+                total += n
+                histogram.add_sample(self._name + "_bucket", {**child.labels, "le": le}, float(total))
+            histogram.add_sample(self._name + "_count", child.labels, float(total))
+            histogram.add_sample(self._name + "_sum", child.labels, child.sum)
+            created.add_sample(self._name + "_created", child.labels, child.created_s)
+        return [histogram, created]
+
+
 @dataclass(frozen=True, slots=True)
 class _Series:
     """Every labelled child and window one (pool, model) pair's events touch, looked up once."""
 
-    ttft: Any
-    itl: Any
-    queue_wait: Any
-    e2e: Any
+    ttft: _Buckets
+    itl: _Buckets
+    queue_wait: _Buckets
+    e2e: _Buckets
     prompt_tokens: Any
     output_tokens: Any
     windows: PoolWindows
@@ -209,35 +285,35 @@ class GatewayMetrics:
         self._source: PoolWorkSource = work_source or _NoWork()
         pm = ["pool", "model"]
         r = self.registry
-        self._ttft = Histogram(
+        self._ttft = _BucketHistogram(
             "kvgate_time_to_first_token_seconds",
             "Seconds from the request reaching kvgate to its first output token reaching the client.",
             pm,
             buckets=TTFT_BUCKETS_S,
             registry=r,
         )
-        self._itl = Histogram(
+        self._itl = _BucketHistogram(
             "kvgate_inter_token_latency_seconds",
             "Seconds between consecutive output tokens of a streamed response.",
             pm,
             buckets=ITL_BUCKETS_S,
             registry=r,
         )
-        self._queue_wait = Histogram(
+        self._queue_wait = _BucketHistogram(
             "kvgate_queue_wait_seconds",
             "Seconds a request waited in kvgate's admission queue before it was admitted or dropped.",
             pm,
             buckets=QUEUE_WAIT_BUCKETS_S,
             registry=r,
         )
-        self._e2e = Histogram(
+        self._e2e = _BucketHistogram(
             "kvgate_request_duration_seconds",
             "Seconds from the request reaching kvgate to its last byte reaching the client.",
             pm,
             buckets=E2E_BUCKETS_S,
             registry=r,
         )
-        self._tokenizer_ratio = Histogram(
+        self._tokenizer_ratio = _BucketHistogram(
             "kvgate_tokenizer_estimate_ratio",
             "kvgate's prompt token estimate divided by the replica's reported prompt tokens.",
             ["model"],
@@ -291,23 +367,76 @@ class GatewayMetrics:
 
     def observe_ttft(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
-        series.ttft.observe(seconds)
+        self._ttft.observe(series.ttft, seconds)
         series.windows.latency["ttft"].observe(seconds, self._clock())
 
     def observe_itl(self, pool: str, model: str, seconds: float) -> None:
+        self.observe_itl_gaps(pool, model, (seconds,))
+
+    def observe_itl_gaps(self, pool: str, model: str, gaps_s: Sequence[float]) -> None:
+        """Every inter-token gap of one stream, binned in one pass."""
+        if not gaps_s:
+            return
         series = self._series.get((pool, model)) or self._series_for(pool, model)
-        series.itl.observe(seconds)
-        series.windows.latency["itl"].observe(seconds, self._clock())
+        self._itl.observe_many(series.itl, gaps_s)
+        series.windows.latency["itl"].observe_many(gaps_s, self._clock())
 
     def observe_queue_wait(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
-        series.queue_wait.observe(seconds)
+        self._queue_wait.observe(series.queue_wait, seconds)
         series.windows.latency["queue_wait"].observe(seconds, self._clock())
 
     def observe_e2e(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
-        series.e2e.observe(seconds)
+        self._e2e.observe(series.e2e, seconds)
         series.windows.latency["e2e"].observe(seconds, self._clock())
+
+    def record_response(
+        self,
+        pool: str,
+        model: str,
+        ttft_s: float | None,
+        e2e_s: float,
+        itl_gaps_s: Sequence[float] = (),
+        prompt_tokens: int | None = None,
+        output_tokens: int = 0,
+        estimated_prompt_tokens: int | None = None,
+    ) -> None:
+        """What one answered request measured, in one call at its end: time to first token (None
+        when nothing came), duration, every inter-token gap of a stream, and the replica's token
+        counts (None when it reported none) beside kvgate's prompt estimate."""
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        now_s = self._clock()
+        windows = series.windows
+        latency = windows.latency
+        if ttft_s is not None:
+            self._ttft.observe(series.ttft, ttft_s)
+            latency["ttft"].observe(ttft_s, now_s)
+        self._e2e.observe(series.e2e, e2e_s)
+        latency["e2e"].observe(e2e_s, now_s)
+        if itl_gaps_s:
+            self._itl.observe_many(series.itl, itl_gaps_s)
+            latency["itl"].observe_many(itl_gaps_s, now_s)
+        if prompt_tokens is None:
+            return
+        series.prompt_tokens.inc(prompt_tokens)
+        series.output_tokens.inc(output_tokens)
+        windows.prompt_tokens.add(prompt_tokens, now_s)
+        windows.output_tokens.add(output_tokens, now_s)
+        windows.requests.add(1, now_s)
+        if estimated_prompt_tokens is not None and prompt_tokens > 0:
+            ratio = self._tokenizer_ratio
+            ratio.observe(ratio.labels(model), estimated_prompt_tokens / prompt_tokens)
+
+    def count_admitted(self, pool: str, model: str, reason: str, queue_wait_s: float | None) -> None:
+        """One admission, with its queue wait (None: not observed here)."""
+        self._child(self._decisions, pool, model, "admit", reason).inc()
+        now_s = self._clock()
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        self.signals.count_decision(pool, "admit", now_s)
+        if queue_wait_s is not None:
+            self._queue_wait.observe(series.queue_wait, queue_wait_s)
+            series.windows.latency["queue_wait"].observe(queue_wait_s, now_s)
 
     def count_decision(self, decision: str, reason: str, *, pool: str = "", model: str = "") -> None:
         """One admission outcome; ``pool``/``model`` empty when the request never reached a pool
@@ -324,7 +453,8 @@ class GatewayMetrics:
 
     def observe_tokenizer_ratio(self, model: str, estimated_tokens: int, actual_tokens: int) -> None:
         if actual_tokens > 0:
-            self._child(self._tokenizer_ratio, model).observe(estimated_tokens / actual_tokens)
+            ratio = self._tokenizer_ratio
+            ratio.observe(ratio.labels(model), estimated_tokens / actual_tokens)
 
     def set_desired_replicas(self, pool: str, replicas: int, reason: str) -> None:
         self.signals.set_desired(pool, replicas, reason)

@@ -77,6 +77,8 @@ reschedule per ~10% of the idle timeout instead of one per chunk."""
 _PRODUCED_REPORT_EVENTS = 16
 """The ledger hears a stream's produced-token total once per this many SSE events."""
 _USAGE_ONLY = b'"choices":[]'
+_CARRY_MAX_BYTES = 1 << 20
+"""An unfinished event longer than this is relayed as it is rather than held back."""
 _DONE_EVENT = b"data: [DONE]\n\n"
 
 
@@ -184,9 +186,9 @@ class Proxy:
                     return None
                 request.response_started = True
                 await send({"type": "http.response.start", "status": status, "headers": headers})
-                itl_s = await self._stream(request, replica, response.content, deadline, send)
+                itl_s, gaps_s = await self._stream(request, replica, response.content, deadline, send)
                 decider.observe(replica, status)
-                decider.finished(request, replica, itl_s, time.monotonic())
+                decider.finished(request, replica, itl_s, time.monotonic(), gaps_s)
                 return None
         except (asyncio.CancelledError, GeneratorExit):
             raise
@@ -214,17 +216,25 @@ class Proxy:
         content: aiohttp.StreamReader,
         deadline: asyncio.Timeout,
         send: Send,
-    ) -> float | None:
-        """Relay the stream; returns the mean gap between its events (inter-token latency)."""
+    ) -> tuple[float | None, list[float]]:
+        """Relay the stream; returns the mean gap between its token events (inter-token latency)
+        and the gap before every read that brought token events after the first.
+
+        Only whole events are relayed: an event cut across two reads waits (as ``carry``) for the
+        read that completes it, so the usage-only event is recognised wherever the replica's
+        writes were split. A client cannot act on half an event, so holding one back delays
+        nothing it could use; the bytes it receives are unchanged."""
         loop = asyncio.get_running_loop()
         idle_s = self._idle_s
         slack_s = idle_s * _IDLE_SLACK_RATIO
         when = 0.0
         events = 0
         first_s = last_s = 0.0
+        gaps_s: list[float] = []
         report_at = _PRODUCED_REPORT_EVENTS
         strip = request.usage_injected
         decider = self._decider
+        carry = b""
         while True:
             chunk = await content.readany()
             if not chunk:
@@ -233,23 +243,42 @@ class Proxy:
             if now + idle_s - when > slack_s:
                 when = now + idle_s
                 deadline.reschedule(when)
-            count = chunk.count(b"data: ")
-            if count:
-                if not events:
-                    first_s = now
-                    decider.first_token(request, replica, time.monotonic())
-                events += count
-                last_s = now
-                if events >= report_at:
-                    decider.produced(request, events)
-                    report_at = events + _PRODUCED_REPORT_EVENTS
-                if _USAGE_ONLY in chunk:
-                    chunk = _take_usage(request, chunk, strip)
+            if carry:
+                chunk = carry + chunk
+                carry = b""
+            if not chunk.endswith(b"\n\n"):
+                cut = chunk.rfind(b"\n\n") + 2
+                if len(chunk) - cut < _CARRY_MAX_BYTES:
+                    carry = chunk[cut:] if cut > 1 else chunk
+                    chunk = chunk[:cut] if cut > 1 else b""
                     if not chunk:
                         continue
+            count = chunk.count(b"data: ")
+            if count:
+                tokens = count
+                if _USAGE_ONLY in chunk:
+                    tokens -= 1
+                    chunk = _take_usage(request, chunk, strip)
+                if chunk.endswith(_DONE_EVENT):
+                    tokens -= 1
+                if tokens > 0:
+                    if not events:
+                        first_s = now
+                        decider.first_token(request, replica, time.monotonic())
+                    else:
+                        gaps_s.append(now - last_s)
+                    events += tokens
+                    last_s = now
+                    if events >= report_at:
+                        decider.produced(request, events)
+                        report_at = events + _PRODUCED_REPORT_EVENTS
+                if not chunk:
+                    continue
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if carry:
+            await send({"type": "http.response.body", "body": carry, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
-        return (last_s - first_s) / (events - 1) if events > 1 else None
+        return ((last_s - first_s) / (events - 1) if events > 1 else None), gaps_s
 
     async def _read_body(self, receive: Receive, content_length: int | None) -> bytes | None:
         """The whole request body, or None if the client left while sending it."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -124,6 +124,19 @@ class LatencyWindow:
         bins = slots[-1].bins
         b = bisect_left(BIN_UPPER_BOUNDS, value_s)
         bins[b] = bins.get(b, 0) + 1
+
+    def observe_many(self, values_s: Sequence[float], now_s: float) -> None:
+        """Several samples taken by ``now_s`` (a stream's inter-token gaps), binned in one pass."""
+        index = int(now_s // SLOT_S)
+        slots = self._slots
+        if not slots or slots[-1].index != index:
+            slots.append(_Slot(index))
+            self._prune(index)
+        bins = slots[-1].bins
+        get = bins.get
+        for value_s in values_s:
+            b = bisect_left(BIN_UPPER_BOUNDS, value_s)
+            bins[b] = get(b, 0) + 1
 
     def _prune(self, index: int) -> None:
         while self._slots and self._slots[0].index <= index - self._window_slots:
@@ -241,12 +254,12 @@ class SignalsWindow:
         windows.output_tokens.add(output_tokens, now_s)
         windows.requests.add(1, now_s)
 
-    def count_decision(self, pool: str, decision: str) -> None:
+    def count_decision(self, pool: str, decision: str, now_s: float | None = None) -> None:
         decisions = self.pool_windows(pool).decisions
         window = decisions.get(decision)
         if window is None:
             window = decisions[decision] = CountWindow(self.window_s)
-        window.add(1, self._clock())
+        window.add(1, self._clock() if now_s is None else now_s)
 
     def set_desired(self, pool: str, replicas: int, reason: str) -> None:
         self._desired[pool] = Desired(replicas, reason, self._clock())

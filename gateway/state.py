@@ -65,6 +65,9 @@ class ProxyRequest:
     prompt_tokens: int | None = None
     """The replica's own count, from ``usage``."""
     completion_tokens: int | None = None
+    ttft_s: float | None = None
+    """Time to its first token, until the metrics hear it (at the end of the response, or at
+    release when the response broke off)."""
 
 
 @dataclass(slots=True, eq=False)

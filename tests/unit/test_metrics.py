@@ -158,3 +158,53 @@ def test_every_metric_is_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "autoscaling.md").read_text()
     missing = [name for name in WORK_GAUGES + HISTOGRAMS + COUNTERS if f"`{name}`" not in doc]
     assert not missing
+
+
+def test_itl_gaps_are_binned_in_one_call_like_single_observations() -> None:
+    clock = FakeClock()
+    bulk = GatewayMetrics(clock=clock)
+    single = GatewayMetrics(clock=clock)
+    gaps = [0.004, 0.005, 0.02, 0.02, 0.3, 3.0]
+    bulk.observe_itl_gaps("decode", MODEL, gaps)
+    for gap in gaps:
+        single.observe_itl("decode", MODEL, gap)
+    itl = "kvgate_inter_token_latency_seconds"
+    got, want = samples(bulk), samples(single)
+    for suffix in ("_bucket", "_count", "_sum"):
+        assert got[itl + suffix] == want[itl + suffix]
+    assert value(got, itl + "_bucket", le="0.005") == 2.0
+    assert value(got, itl + "_bucket", le="0.02") == 4.0
+    assert value(got, itl + "_bucket", le="+Inf") == 6.0
+    assert value(got, itl + "_sum") == sum(gaps)
+    window = bulk.signals.pool_windows("decode").latency["itl"]
+    assert window.count(clock.now_s) == len(gaps)
+    p95 = window.quantile(0.95, clock.now_s)
+    assert p95 is not None and p95 >= 3.0
+
+
+def test_histograms_are_written_as_prometheus_client_writes_them() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from gateway.metrics import ITL_BUCKETS_S
+
+    metrics = GatewayMetrics(clock=FakeClock())
+    registry = CollectorRegistry()
+    reference = Histogram(
+        "kvgate_inter_token_latency_seconds",
+        "Seconds between consecutive output tokens of a streamed response.",
+        ["pool", "model"],
+        buckets=ITL_BUCKETS_S,
+        registry=registry,
+    )
+    for gap in (0.001, 0.01, 0.2, 9.0):
+        reference.labels("decode", MODEL).observe(gap)
+    metrics.observe_itl_gaps("decode", MODEL, (0.001, 0.01, 0.2, 9.0))
+
+    def itl_lines(text: bytes) -> list[str]:
+        return [
+            line
+            for line in text.decode().splitlines()
+            if "kvgate_inter_token_latency_seconds" in line and "_created{" not in line
+        ]
+
+    assert itl_lines(metrics.render()) == itl_lines(generate_latest(registry))
