@@ -228,8 +228,10 @@ class KvgateDecider:
 
     async def _encode(self, request: ProxyRequest) -> list[int]:
         assert self.session is not None, "gateway not started"
-        serving = [r for r in self._state.replicas.values() if r.healthy and request.model in r.models]
-        url = serving[0].url if serving else ""
+        url = ""
+        if not self._encoder.is_local(request.model):
+            serving = self._state.routable(request.model)
+            url = serving[0].url if serving else ""
         return await self._encoder.encode(
             request.model, request.body, len(request.raw_body), self.session, url
         )

@@ -2,8 +2,11 @@
 
 Tokenisers come from the top-level ``models[]`` entries (the one home of model facts). A local
 tokeniser runs inline for small prompts and in a worker thread above ``OFF_LOOP_TEXT_BYTES`` of text,
-so one huge prompt never stalls every other request on the event loop. Kind ``replica`` asks a
-replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
+so one huge prompt never stalls every other request on the event loop. Prompts counted inline are
+remembered, by model and text, in a bounded least-recently-used map (``CACHED_PROMPTS``): a repeated
+prompt (a system prompt, a retried or replayed request) costs one dictionary lookup instead of a
+tokenisation. The ids handed out are shared between requests and never mutated. Kind ``replica``
+asks a replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
 """
 
 from __future__ import annotations
@@ -20,12 +23,12 @@ from admission.tokenizer import (
     HuggingFaceTokenizer,
     TiktokenTokenizer,
     Tokenizer,
-    encode_chat,
     prompt_text,
 )
 from config.schema import Model
 
 OFF_LOOP_TEXT_BYTES = 32 * 1024
+CACHED_PROMPTS = 1024
 
 
 def tokenizer_of(model: Model) -> Tokenizer | None:
@@ -47,16 +50,22 @@ def template_of(model: Model) -> ChatTemplate:
     return ChatTemplate(t.message_prefix, t.message_suffix, t.generation_prompt, t.bos)
 
 
-def _encode(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> list[int]:
+def _prompt(body: Mapping[str, Any], template: ChatTemplate) -> str | list[int]:
+    """The text to tokenise, or the token ids the client sent itself."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        return encode_chat(tokenizer, [m for m in messages if isinstance(m, Mapping)], template)
+        return template.render([m for m in messages if isinstance(m, Mapping)])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
         return [t for p in prompt for t in p if isinstance(t, int)]
-    return tokenizer.encode(prompt_text(prompt))
+    return prompt_text(prompt)
+
+
+def _encode(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> list[int]:
+    prompt = _prompt(body, template)
+    return prompt if isinstance(prompt, list) else tokenizer.encode(prompt)
 
 
 class PromptEncoder:
@@ -64,6 +73,11 @@ class PromptEncoder:
 
     def __init__(self, models: Sequence[Model]) -> None:
         self._local = {m.name: (tokenizer_of(m), template_of(m)) for m in models}
+        self._cache: dict[tuple[str, str], list[int]] = {}
+
+    def is_local(self, model: str) -> bool:
+        """Whether ``model`` is counted here (no replica needed)."""
+        return self._local[model][0] is not None
 
     async def encode(
         self,
@@ -78,7 +92,18 @@ class PromptEncoder:
             return await _replica_tokens(session, url, model, body)
         if raw_size_bytes > OFF_LOOP_TEXT_BYTES:
             return await asyncio.to_thread(_encode, body, tokenizer, template)
-        return _encode(body, tokenizer, template)
+        prompt = _prompt(body, template)
+        if isinstance(prompt, list):
+            return prompt
+        cache = self._cache
+        key = (model, prompt)
+        ids = cache.pop(key, None)
+        if ids is None:
+            ids = tokenizer.encode(prompt)
+            if len(cache) >= CACHED_PROMPTS:
+                del cache[next(iter(cache))]
+        cache[key] = ids
+        return ids
 
 
 async def _replica_tokens(
