@@ -18,6 +18,7 @@ timer and ``cancel`` when a queued client disconnects.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 
 from admission.calibration import Calibration
@@ -33,6 +34,7 @@ from admission.decision import (
     RejectReason,
 )
 from admission.ledger import Ledger
+from admission.promises import Promise, PromiseBook
 from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from admission.retry_after import (
     Backlog,
@@ -66,7 +68,8 @@ class AdmissionController:
             config.queue_max_requests, config.queue_max_tokens, config.head_of_line_max_wait_s
         )
         self._next_ticket = 1
-        self._last_replicas: tuple[ReplicaView, ...] = ()
+        self._promises = PromiseBook(config.promise_grace_s)
+        self._last_replicas: Sequence[ReplicaView] = ()
         self._drains: dict[str, tuple[tuple[object, ...], ReplicaDrain]] = {}
         self._fleet_drain: FleetDrain | None = None
 
@@ -75,64 +78,82 @@ class AdmissionController:
         self.rates = rates
 
     def decide(self, request: AdmissionRequest, replicas: Sequence[ReplicaView], now_s: float) -> Decision:
-        self._last_replicas = tuple(replicas)
+        self._last_replicas = replicas
+        self._promises.expire(now_s)
         cost = request.cost
-        serving = [v for v in replicas if _routable(v, request.model, now_s)]
+        kv_tokens = cost.kv_tokens
+        model = request.model
+        serving: list[ReplicaView] = []
+        fitting: list[ReplicaView] = []
+        largest = 0
+        for v in replicas:
+            if not _routable(v, model, now_s):
+                continue
+            serving.append(v)
+            largest = max(largest, v.capacity_kv_tokens)
+            if fits(v, kv_tokens, self._max_active(v)):
+                fitting.append(v)
         if not serving:
-            return self._no_replica(request.model, replicas, now_s)
-        largest = max(v.capacity_kv_tokens for v in serving)
-        if cost.kv_tokens > largest:
+            return self._no_replica(model, replicas, now_s)
+        if kv_tokens > largest:
             return Reject(
                 400,
                 RejectReason.KV_CAPACITY,
-                f"This request needs {cost.kv_tokens} tokens of KV cache ({cost.prompt_tokens} prompt + "
-                f"{cost.max_output_tokens} max output) but the largest replica serving '{request.model}' "
+                f"This request needs {kv_tokens} tokens of KV cache ({cost.prompt_tokens} prompt + "
+                f"{cost.max_output_tokens} max output) but the largest replica serving '{model}' "
                 f"holds {largest}. Reduce the prompt or max_tokens.",
             )
-        budget_wait_s = self.tenants.take(request.tenant, cost.kv_tokens, now_s)
+        promise = self._returning(request)
+        if promise is not None and now_s < promise.due_s - self._promises.grace_s:
+            return self._early(request, promise, now_s)
+        budget_wait_s = self.tenants.take(request.tenant, kv_tokens, now_s)
         if budget_wait_s > 0.0:
             hint = retry_after(budget_wait_s, self.config.retry_after_cap_s)
             return Reject(
                 429,
                 RejectReason.TENANT_BUDGET,
                 f"Tenant '{request.tenant.name}' is over its budget of {request.tenant.tokens_per_min} "
-                f"tokens per minute; this request counts {cost.kv_tokens} (prompt + max output). "
+                f"tokens per minute; this request counts {kv_tokens} (prompt + max output). "
                 f"Retry after {hint.seconds} s.",
                 hint,
             )
-        queue_has_room = self._queue.has_room(cost.kv_tokens)
+        if promise is not None:
+            self._promises.remove(promise)
         wait_budget_s, client_bound = self._wait_budget(request)
         rank = request.tenant.priority.rank
-        ticket = self._take_ticket()
-        entry = QueuedRequest(ticket, request, now_s, now_s + wait_budget_s)
-        fits_now = self._placer(replicas, now_s)(entry)
-        if fits_now:
-            if not self._queue.has_work_at_or_above(rank):
-                self._queue.charge(request.tenant.name, request.tenant.weight, cost.kv_tokens)
-                return Admit(fits_now)
-            self._queue.push(entry)
-            walk = self._queue.walk(now_s, self._placer(replicas, now_s), stop_at=ticket)
-            self._queue.remove(ticket)
-            for placed, candidates in walk.placed:
-                if placed.ticket == ticket:
-                    self._queue.charge(request.tenant.name, request.tenant.weight, cost.kv_tokens)
-                    return Admit(candidates)
-        ahead = self._queue.ahead(request.tenant, rank, request.model)
-        expected_s = self._expected_wait_s(cost.kv_tokens, request.model, ahead, serving)
+        entry = QueuedRequest(
+            self._take_ticket(),
+            request,
+            now_s,
+            now_s + wait_budget_s,
+            None if promise is None else promise.due_s,
+        )
+        if fitting:
+            if not self._queue.has_work_at_or_above(rank) and not self._promises.has_due(now_s, rank):
+                fitting.sort(key=_most_room_first)
+                self._queue.charge(request.tenant.name, request.tenant.weight, kv_tokens)
+                return Admit(tuple(fitting))
+            candidates = self._place_in_order(entry, replicas, now_s)
+            if candidates:
+                self._queue.charge(request.tenant.name, request.tenant.weight, kv_tokens)
+                return Admit(candidates)
+        expected_s = self._expected_wait_s(kv_tokens, model, self._ahead(entry), serving)
+        queue_has_room = self._has_room(kv_tokens)
         if queue_has_room and expected_s <= wait_budget_s:
             self._queue.push(entry)
-            return Queue(ticket, expected_s, now_s + wait_budget_s)
-        self.tenants.refund(request.tenant, cost.kv_tokens)
-        hint = retry_after(expected_s, self.config.retry_after_cap_s)
+            return Queue(entry.ticket, expected_s, entry.expires_at_s)
+        self.tenants.refund(request.tenant, kv_tokens)
         if not queue_has_room:
+            hint = retry_after(expected_s, self.config.retry_after_cap_s)
             stats = self._queue.stats(now_s)
             return Reject(
                 429,
                 RejectReason.QUEUE_FULL,
-                f"The admission queue is full ({stats.requests} requests, {stats.kv_tokens} tokens queued). "
-                f"Retry after {hint.seconds} s.",
+                f"The admission queue is full ({stats.requests} requests, {stats.kv_tokens} tokens queued, "
+                f"{len(self._promises)} promised). Retry after {hint.seconds} s.",
                 hint,
             )
+        self._promise(request, expected_s, now_s)
         return self._overload(request, expected_s, wait_budget_s, client_bound)
 
     def on_capacity_freed(self, replicas: Sequence[ReplicaView], now_s: float) -> list[Dispatch]:
@@ -142,7 +163,7 @@ class AdmissionController:
         the edge routes and reserves them in order, and hands a dispatch that no longer fits any
         replica back with ``requeue``.
         """
-        self._last_replicas = tuple(replicas)
+        self._last_replicas = replicas
         if not len(self._queue):
             return []
         walk = self._queue.walk(now_s, self._placer(replicas, now_s))
@@ -159,6 +180,7 @@ class AdmissionController:
                     entry.enqueued_at_s,
                     entry.expires_at_s,
                     now_s - entry.enqueued_at_s,
+                    entry.promised_due_s,
                 )
             )
         return dispatches
@@ -168,21 +190,30 @@ class AdmissionController:
         tenant = dispatch.request.tenant
         self._queue.refund(tenant.name, tenant.weight, dispatch.request.cost.kv_tokens)
         self._queue.push(
-            QueuedRequest(dispatch.ticket, dispatch.request, dispatch.enqueued_at_s, dispatch.expires_at_s)
+            QueuedRequest(
+                dispatch.ticket,
+                dispatch.request,
+                dispatch.enqueued_at_s,
+                dispatch.expires_at_s,
+                dispatch.promised_due_s,
+            )
         )
 
     def expire(self, now_s: float, replicas: Sequence[ReplicaView] | None = None) -> list[Expired]:
         """Queued requests whose wait budget ran out: each with the 429 to answer it with."""
         if replicas is not None:
-            self._last_replicas = tuple(replicas)
+            self._last_replicas = replicas
+        self._promises.expire(now_s)
         expired: list[Expired] = []
         for entry in self._queue.expire(now_s):
             request = entry.request
             self.tenants.refund(request.tenant, entry.kv_tokens)
             serving = [v for v in self._last_replicas if _routable(v, request.model, now_s)]
             if serving:
-                ahead = self._queue.ahead(request.tenant, entry.rank, request.model)
-                expected_s = self._expected_wait_s(entry.kv_tokens, request.model, ahead, serving)
+                expected_s = self._expected_wait_s(
+                    entry.kv_tokens, request.model, self._ahead(entry), serving
+                )
+                self._promise(request, expected_s, now_s)
             else:
                 expected_s = self.config.no_replica_retry_after_s
             budget_s, client_bound = self._wait_budget(request)
@@ -207,10 +238,69 @@ class AdmissionController:
             self._queue.refund(request.tenant.name, request.tenant.weight, unused)
 
     def queue_stats(self, now_s: float) -> QueueStats:
-        return self._queue.stats(now_s)
+        """Queued work, and the promised slots still open at ``now_s`` (``promised_requests``)."""
+        self._promises.expire(now_s)
+        return dataclasses.replace(self._queue.stats(now_s), promised_requests=len(self._promises))
 
     def is_queued(self, ticket: int) -> bool:
         return ticket in self._queue
+
+    def _returning(self, request: AdmissionRequest) -> Promise | None:
+        """The promise this request comes back to claim, if any."""
+        if request.fingerprint is None or request.retry_count == 0:
+            return None
+        return self._promises.find((request.tenant.name, request.fingerprint))
+
+    def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> None:
+        """Book the refused request a slot at its Retry-After, if it can be recognised and the
+        queue's bounds leave room."""
+        if request.fingerprint is None or not math.isfinite(expected_s):
+            return
+        if self._has_room(request.cost.kv_tokens):
+            self._promises.book((request.tenant.name, request.fingerprint), request, now_s + expected_s)
+
+    def _early(self, request: AdmissionRequest, promise: Promise, now_s: float) -> Reject:
+        hint = retry_after(promise.due_s - now_s, self.config.retry_after_cap_s)
+        return Reject(
+            429,
+            RejectReason.KV_CAPACITY,
+            f"The servers for '{request.model}' are at KV-cache capacity; this request holds a place "
+            f"due in {promise.due_s - now_s:.1f} s. Retry after {hint.seconds} s.",
+            hint,
+        )
+
+    def _has_room(self, kv_tokens: int) -> bool:
+        return self._queue.has_room(kv_tokens, len(self._promises), self._promises.kv_tokens)
+
+    def _ahead(self, entry: QueuedRequest) -> Ahead:
+        """Queued and promised work dispatched before ``entry``."""
+        request = entry.request
+        if entry.promised_due_s is None:
+            queued = self._queue.ahead(request.tenant, entry.rank, request.model)
+        else:
+            queued = self._queue.ahead_of_claimant(entry.rank, request.model)
+        promised = self._promises.ahead(entry.rank, request.model, entry.promised_due_s)
+        return Ahead(
+            queued.requests + promised.requests,
+            queued.kv_tokens + promised.kv_tokens,
+            queued.prompt_tokens + promised.prompt_tokens,
+            queued.max_output_tokens + promised.max_output_tokens,
+        )
+
+    def _place_in_order(
+        self, entry: QueuedRequest, replicas: Sequence[ReplicaView], now_s: float
+    ) -> tuple[ReplicaView, ...] | None:
+        """Where ``entry`` goes if admitted now after everything that would go before it."""
+        place = self._placer(replicas, now_s)
+        if not self._queue.has_work_at_or_above(entry.rank):
+            return place(entry) or None
+        self._queue.push(entry)
+        walk = self._queue.walk(now_s, place, stop_at=entry.ticket)
+        self._queue.remove(entry.ticket)
+        for placed, candidates in walk.placed:
+            if placed.ticket == entry.ticket:
+                return candidates
+        return None
 
     def _take_ticket(self) -> int:
         ticket = self._next_ticket
@@ -228,6 +318,29 @@ class AdmissionController:
         return min(limit, view.max_sequences) if view.max_sequences > 0 else limit
 
     def _placer(self, replicas: Sequence[ReplicaView], now_s: float) -> Place:
+        """``_fleet_placer``, where each entry first sets aside room for the due promises that go
+        before it: a higher class, or its own class with an earlier slot (or any, for a newcomer)."""
+        place = self._fleet_placer(replicas, now_s)
+        due = sorted(self._promises.due(now_s), key=lambda p: (p.rank, p.due_s))
+        if not due:
+            return place
+        held = iter(due)
+        pending = next(held, None)
+
+        def place_after_promises(entry: QueuedRequest) -> tuple[ReplicaView, ...] | None:
+            nonlocal pending
+            claimed_due_s = entry.promised_due_s
+            while pending is not None and (
+                pending.rank < entry.rank
+                or (pending.rank == entry.rank and (claimed_due_s is None or pending.due_s < claimed_due_s))
+            ):
+                place(QueuedRequest(0, pending.request, pending.due_s, pending.due_s))
+                pending = next(held, None)
+            return place(entry)
+
+        return place_after_promises
+
+    def _fleet_placer(self, replicas: Sequence[ReplicaView], now_s: float) -> Place:
         """Places entries on a simulated copy of the fleet, each on the candidate with most room
         (where least-loaded routing would most likely put it)."""
         originals = {v.replica_id: v for v in replicas}
@@ -252,7 +365,7 @@ class AdmissionController:
                     default=0,
                 )
                 return ()
-            fitting.sort(key=lambda v: -kv_room_tokens(v))
+            fitting.sort(key=_most_room_first)
             chosen = fitting[0]
             load = chosen.load
             cost = entry.request.cost
@@ -356,6 +469,10 @@ class AdmissionController:
             f"No replica serving '{model}' is available. Retry after {hint.seconds} s.",
             hint,
         )
+
+
+def _most_room_first(view: ReplicaView) -> int:
+    return -kv_room_tokens(view)
 
 
 def _routable(view: ReplicaView, model: str, now_s: float) -> bool:

@@ -4,15 +4,17 @@ A request holds KV for its prompt plus every token it may generate, so its cost 
 ``prompt_tokens + max_output_tokens`` tokens of KV, times the model's KV bytes per token. The
 output cap is never unbounded: a request without one gets the model's policy (reject with 400, or a
 default cap), every cap is bounded by a global ceiling, and prompt + cap above the model's context
-window is a 400 worded as vLLM words it. Invalid requests are values (``InvalidRequest``), not
-exceptions, so the edge renders them as OpenAI errors in one place.
+window is a 400 worded as vLLM words it. The model's facts (window, KV bytes per token) come from
+the top-level ``models[]`` entry the edge passes in (``ModelFacts``); the admission section holds
+only the output-cap policy. Invalid requests are values (``InvalidRequest``), not exceptions, so the
+edge renders them as OpenAI errors in one place.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from config.admission import AdmissionConfig, MaxTokensPolicy
 
@@ -31,6 +33,20 @@ class CostEstimate:
     @property
     def kv_bytes(self) -> int:
         return self.kv_tokens * self.kv_bytes_per_token
+
+
+class ModelFacts(Protocol):
+    """What cost needs to know about a model; ``config.schema.Model`` is one."""
+
+    @property
+    def max_model_len(self) -> int:
+        """Context window: prompt + output tokens at most."""
+        ...
+
+    @property
+    def kv_bytes(self) -> int:
+        """KV cache bytes per token."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,11 +76,11 @@ def requested_max_tokens(body: Mapping[str, Any]) -> int | InvalidRequest | None
 
 
 def estimate_cost(
-    model: str, prompt_tokens: int, max_tokens: int | None, config: AdmissionConfig
+    model: str, prompt_tokens: int, max_tokens: int | None, config: AdmissionConfig, facts: ModelFacts
 ) -> CostEstimate | InvalidRequest:
     """Apply the max_tokens policy, the global ceiling and the context window to one request."""
     rules = config.model_rules(model)
-    window = rules.max_model_len_tokens
+    window = facts.max_model_len
     if prompt_tokens >= window:
         return InvalidRequest(
             f"This model's maximum context length is {window} tokens. However, your request has "
@@ -95,4 +111,4 @@ def estimate_cost(
                 "max_tokens",
             )
         cap = max_tokens
-    return CostEstimate(model, prompt_tokens, cap, rules.kv_bytes_per_token_resolved)
+    return CostEstimate(model, prompt_tokens, cap, facts.kv_bytes)

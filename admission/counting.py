@@ -1,6 +1,7 @@
 """Which tokeniser and chat template count a model's prompts, and the count of one request body.
 
-The configured kind picks an implementation of the ``Tokenizer`` seam; nothing is fetched at run
+Both come from the model's entry in the top-level ``models[]`` (the one home of model facts). The
+configured kind picks an implementation of the ``Tokenizer`` seam; nothing is fetched at run
 time (a named tiktoken encoding comes from an installed package, files are local). The replica's
 own ``/tokenize`` is exact but is a network round trip, so it lives at the edge: for that kind
 ``tokenizer_for`` returns None and the edge asks the replica, falling back to a bytes estimate.
@@ -21,18 +22,17 @@ from admission.tokenizer import (
     count_chat,
     prompt_text,
 )
-from config.admission import ChatTemplateConfig, TokenizerConfig
+from config.schema import ChatTemplate as ChatTemplateConfig
+from config.schema import TokenizerConfig
 
 
 def tokenizer_for(config: TokenizerConfig) -> Tokenizer | None:
     """The configured tokeniser; None for kind 'replica' (counted by the replica's /tokenize)."""
     if config.kind == "tiktoken":
         return TiktokenTokenizer.from_name(config.encoding)
-    if config.kind == "bpe_file":
-        assert config.path is not None
+    if config.kind == "tiktoken_file":
         return TiktokenTokenizer.from_bpe_file(config.path)
-    if config.kind == "hf":
-        assert config.path is not None
+    if config.kind == "huggingface":
         return HuggingFaceTokenizer.from_file(config.path)
     if config.kind == "bytes":
         return BytesEstimateTokenizer(config.bytes_per_token)

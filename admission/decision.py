@@ -32,6 +32,12 @@ class AdmissionRequest:
     cost: CostEstimate
     client_timeout_s: float | None = None
     """The client's own timeout from a deadline header (``client_timeout_s`` in admission.deadline)."""
+    fingerprint: bytes | None = None
+    """Digest of the request body, computed by the edge: with the tenant, it recognises a refused
+    request coming back to claim its promised slot (``admission.promises``). None: never promised."""
+    retry_count: int | None = None
+    """The client's own count of earlier attempts (openai SDKs' ``x-stainless-retry-count``), when
+    sent: 0 marks a first attempt, which never claims a promise even if an identical body holds one."""
 
     @property
     def model(self) -> str:
@@ -80,6 +86,7 @@ class Dispatch:
     enqueued_at_s: float
     expires_at_s: float
     waited_s: float
+    promised_due_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,9 @@ when none waits, so idle time banks no credit); within a
 tenant, arrival order. Under contention each tenant's share of dispatched tokens converges to its
 share of the weights, so a tenant sending 30k-token prompts cannot starve one sending 50-token chats.
 
+A request that came back to claim a promised slot (``promised_due_s``) goes before every other
+entry of its class, earliest slot first; it never passes a higher class.
+
 Head of line: ``walk`` visits entries in that order and lets an entry that does not fit be bypassed
 by later ones that do, but only until it has waited ``hold_after_s``; from then on nothing behind it
 is dispatched, so capacity accumulates for it as resident work drains. Small requests are never
@@ -34,6 +37,9 @@ class QueuedRequest:
     request: AdmissionRequest
     enqueued_at_s: float
     expires_at_s: float
+    promised_due_s: float | None = None
+    """Set when the request came back to claim a promised slot (due then): it goes at the head of
+    its class."""
 
     @property
     def kv_tokens(self) -> int:
@@ -50,6 +56,8 @@ class QueueStats:
     kv_tokens: int
     prompt_tokens: int
     oldest_wait_s: float
+    promised_requests: int = 0
+    """Refused requests holding a promised slot (``admission.promises``), filled by the controller."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,8 @@ class WaitQueue:
         self.hold_after_s = hold_after_s
         self._classes: dict[int, dict[str, dict[int, QueuedRequest]]] = {}
         self._entries: dict[int, QueuedRequest] = {}
+        self._heads: dict[int, dict[int, QueuedRequest]] = {}
+        """rank -> claimants of promised slots (also in ``_classes``), served first in their class."""
         self._counters: dict[str, float] = {}
         self._virtual_time = 0.0
         """Counter of the most recently served tenant before its charge: where an idle tenant rejoins."""
@@ -97,8 +107,12 @@ class WaitQueue:
     def __contains__(self, ticket: int) -> bool:
         return ticket in self._entries
 
-    def has_room(self, kv_tokens: int) -> bool:
-        return len(self._entries) < self.max_requests and self._kv_tokens + kv_tokens <= self.max_kv_tokens
+    def has_room(self, kv_tokens: int, held_requests: int = 0, held_kv_tokens: int = 0) -> bool:
+        """Room for one more request of ``kv_tokens``, counting ``held_*`` (promised slots) too."""
+        return (
+            len(self._entries) + held_requests < self.max_requests
+            and self._kv_tokens + held_kv_tokens + kv_tokens <= self.max_kv_tokens
+        )
 
     def push(self, entry: QueuedRequest) -> None:
         tenants = self._classes.setdefault(entry.rank, {})
@@ -110,6 +124,8 @@ class WaitQueue:
         if last is not None and last > entry.ticket:
             tenants[name] = dict(sorted(mine.items()))
         self._entries[entry.ticket] = entry
+        if entry.promised_due_s is not None:
+            self._heads.setdefault(entry.rank, {})[entry.ticket] = entry
         self._kv_tokens += entry.kv_tokens
         self._prompt_tokens += entry.request.cost.prompt_tokens
         self._add_sums(entry, +1)
@@ -119,6 +135,11 @@ class WaitQueue:
         entry = self._entries.pop(ticket, None)
         if entry is None:
             return None
+        if entry.promised_due_s is not None:
+            heads = self._heads[entry.rank]
+            del heads[ticket]
+            if not heads:
+                del self._heads[entry.rank]
         tenants = self._classes[entry.rank]
         name = entry.request.tenant.name
         del tenants[name][ticket]
@@ -148,6 +169,26 @@ class WaitQueue:
     def has_work_at_or_above(self, rank: int) -> bool:
         """Is anything queued with the same or a higher priority (a lower or equal rank)?"""
         return any(r <= rank for r in self._classes)
+
+    def ahead_of_claimant(self, rank: int, model: str) -> Ahead:
+        """Work for ``model`` dispatched before a claimant of class ``rank``: higher classes and the
+        claimants already queued in its own."""
+        requests = kv = prompt = output = 0.0
+        for (r, _), models in self._sums.items():
+            sums = models.get(model)
+            if sums is not None and r < rank:
+                requests += sums[0]
+                kv += sums[1]
+                prompt += sums[2]
+                output += sums[3]
+        for entry in self._heads.get(rank, {}).values():
+            cost = entry.request.cost
+            if cost.model == model:
+                requests += 1
+                kv += cost.kv_tokens
+                prompt += cost.prompt_tokens
+                output += cost.max_output_tokens
+        return Ahead(requests, kv, prompt, output)
 
     def ahead(self, tenant: Tenant, rank: int, model: str) -> Ahead:
         """Work for ``model`` that the queue order would dispatch before a new request of ``tenant``.
@@ -231,7 +272,22 @@ class WaitQueue:
         """Dispatch order. Counters advance, for this walk only, as entries in ``placed`` are placed."""
         counters = dict(self._counters)
         for rank in sorted(self._classes):
-            cursors = {name: iter(entries.values()) for name, entries in self._classes[rank].items()}
+            claimants = self._heads.get(rank)
+            if claimants:
+                for entry in sorted(claimants.values(), key=_slot):
+                    seen = len(placed)
+                    yield entry
+                    if len(placed) > seen:
+                        name = entry.request.tenant.name
+                        counters[name] = (
+                            counters.get(name, 0.0) + entry.kv_tokens / entry.request.tenant.weight
+                        )
+            cursors = {
+                name: (e for e in entries.values() if e.promised_due_s is None)
+                if claimants
+                else iter(entries.values())
+                for name, entries in self._classes[rank].items()
+            }
             heads: list[tuple[float, int, str, QueuedRequest]] = []
             for name, cursor in cursors.items():
                 first = next(cursor, None)
@@ -255,3 +311,7 @@ class WaitQueue:
     def stats(self, now_s: float) -> QueueStats:
         oldest = min((e.enqueued_at_s for e in self._entries.values()), default=now_s)
         return QueueStats(len(self._entries), self._kv_tokens, self._prompt_tokens, now_s - oldest)
+
+
+def _slot(entry: QueuedRequest) -> tuple[float, int]:
+    return (entry.promised_due_s or 0.0, entry.ticket)

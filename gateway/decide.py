@@ -28,6 +28,7 @@ from admission.controller import AdmissionController
 from admission.cost import InvalidRequest, estimate_cost, requested_max_tokens
 from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
+from admission.promises import fingerprint, retry_count
 from admission.retry_after import ServiceRates
 from config.admission import AdmissionConfig
 from config.schema import GatewayConfig
@@ -177,7 +178,9 @@ class KvgateDecider:
             message = f"cannot count the prompt's tokens with a replica of '{request.model}': {exc}"
             retry_after_s = self._config.no_replica_retry_after_s
             return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
-        cost = estimate_cost(request.model, len(token_ids), declared, self._config)
+        cost = estimate_cost(
+            request.model, len(token_ids), declared, self._config, self._state.models[request.model]
+        )
         if isinstance(cost, InvalidRequest):
             return Refusal(BadRequest(cost.message, param=cost.param, reason="invalid_request"))
         headers = {
@@ -186,7 +189,12 @@ class KvgateDecider:
             if name.startswith(b"x-")
         }
         admission = AdmissionRequest(
-            request.request_id, tenant, cost, client_timeout_s(headers, self._config)
+            request.request_id,
+            tenant,
+            cost,
+            client_timeout_s(headers, self._config),
+            fingerprint(request.raw_body),
+            retry_count(headers),
         )
         request.admission = admission
         request.routing = RoutingRequest.from_token_ids(request.model, token_ids, cost.max_output_tokens)

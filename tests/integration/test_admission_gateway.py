@@ -5,6 +5,7 @@ dropped at once, 401 and 400 before any replica sees the request."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import httpx
@@ -85,6 +86,32 @@ async def test_the_openai_sdk_honouring_retry_after_gets_through() -> None:
         async with httpx.AsyncClient(base_url=gw.url) as http:
             metrics = (await http.get("/metrics")).text
         assert 'decision="reject"' in metrics, "some requests were turned away first"
+        await assert_idle(gw)
+
+
+async def test_sdk_default_retries_claim_their_promised_slots_and_leave_none_behind() -> None:
+    async with (
+        small_fleet(time_scale=0.05) as fleet,
+        running_gateway(config_for(fleet, max_queue_wait_s=0)) as gw,
+    ):
+        client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused")
+        async with client:
+            answers = await asyncio.gather(
+                *(
+                    client.completions.with_raw_response.create(
+                        model=MODEL,
+                        prompt=f"{PROMPT} ({i})",
+                        max_tokens=MAX_TOKENS,
+                        extra_body={"ignore_eos": True},
+                    )
+                    for i in range(16)
+                )
+            )
+        retries = [int(a.http_request.headers["x-stainless-retry-count"]) for a in answers]
+        assert max(retries) >= 1, "16 requests of ~560 KV tokens cannot all fit 4000 tokens at once"
+        assert all(a.parse().usage is not None for a in answers)
+        controller = gw.gateway.decider.controller
+        assert controller.queue_stats(time.monotonic()).promised_requests == 0
         await assert_idle(gw)
 
 

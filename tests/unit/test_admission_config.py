@@ -4,7 +4,7 @@ import pytest
 from pydantic import BaseModel, ValidationError
 
 from config import admission as section
-from config.admission import AdmissionConfig, ModelAdmissionConfig, TenantConfig, TokenizerConfig
+from config.admission import AdmissionConfig, ModelAdmissionConfig, TenantConfig
 
 
 def test_defaults_are_valid_and_frozen() -> None:
@@ -51,9 +51,10 @@ def test_auth_without_tenants_is_refused() -> None:
         AdmissionConfig(auth_enabled=True)
 
 
-def test_file_tokenizers_need_a_path() -> None:
-    with pytest.raises(ValidationError, match="needs 'path'"):
-        TokenizerConfig(kind="hf")
+@pytest.mark.parametrize("fact", ["max_model_len_tokens", "kv_bytes_per_token", "tokenizer", "chat_template"])
+def test_model_facts_are_not_admission_keys(fact: str) -> None:
+    with pytest.raises(ValidationError, match=fact):
+        ModelAdmissionConfig.model_validate({fact: 1})
 
 
 def _models() -> list[type[BaseModel]]:

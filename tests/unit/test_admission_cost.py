@@ -9,10 +9,12 @@ from admission.cost import (
     kv_bytes_per_token,
     requested_max_tokens,
 )
-from config.admission import AdmissionConfig, KVGeometry, MaxTokensPolicy, ModelAdmissionConfig
+from config.admission import AdmissionConfig, MaxTokensPolicy, ModelAdmissionConfig
+from config.schema import Architecture, Model
 
-STRICT = ModelAdmissionConfig(max_model_len_tokens=8192, max_tokens_policy=MaxTokensPolicy.REJECT)
-CAPPED = ModelAdmissionConfig(max_model_len_tokens=8192, default_max_tokens=512)
+STRICT = ModelAdmissionConfig(max_tokens_policy=MaxTokensPolicy.REJECT)
+CAPPED = ModelAdmissionConfig(default_max_tokens=512)
+FACTS = Model(name="m", max_model_len=8192, kv_bytes_per_token=131072)
 CONFIG = AdmissionConfig(
     models={"strict": STRICT, "capped": CAPPED}, default_model=CAPPED, max_output_tokens_ceiling=4096
 )
@@ -39,7 +41,7 @@ def test_cost_properties() -> None:
     ],
 )
 def test_accepted_caps(model: str, prompt: int, max_tokens: int | None, expected_cap: int) -> None:
-    cost = estimate_cost(model, prompt, max_tokens, CONFIG)
+    cost = estimate_cost(model, prompt, max_tokens, CONFIG, FACTS)
     assert isinstance(cost, CostEstimate)
     assert (cost.prompt_tokens, cost.max_output_tokens) == (prompt, expected_cap)
     assert cost.kv_bytes_per_token == 131072
@@ -58,7 +60,7 @@ def test_accepted_caps(model: str, prompt: int, max_tokens: int | None, expected
 def test_rejected_requests(
     model: str, prompt: int, max_tokens: int | None, param: str, fragment: str
 ) -> None:
-    invalid = estimate_cost(model, prompt, max_tokens, CONFIG)
+    invalid = estimate_cost(model, prompt, max_tokens, CONFIG, FACTS)
     assert isinstance(invalid, InvalidRequest)
     assert invalid.status == 400
     assert invalid.param == param
@@ -85,10 +87,11 @@ def test_requested_max_tokens_rejects_non_positive_integers(value: object) -> No
     assert invalid.param == "max_tokens"
 
 
-def test_kv_bytes_from_geometry_or_override() -> None:
-    geometry = ModelAdmissionConfig(
-        kv_geometry=KVGeometry(layers=80, kv_heads=8, head_dim=128, dtype_bytes=1)
+def test_window_and_kv_bytes_are_the_model_facts_passed_in() -> None:
+    facts = Model(
+        name="m", max_model_len=1000, architecture=Architecture(layers=80, kv_heads=8, head_dim=128)
     )
-    assert geometry.kv_bytes_per_token_resolved == 2 * 80 * 8 * 128
-    override = ModelAdmissionConfig(kv_bytes_per_token=7, kv_geometry=geometry.kv_geometry)
-    assert override.kv_bytes_per_token_resolved == 7
+    cost = estimate_cost("capped", 100, 900, CONFIG, facts)
+    assert isinstance(cost, CostEstimate)
+    assert cost.kv_bytes_per_token == kv_bytes_per_token(80, 8, 128, 2)
+    assert isinstance(estimate_cost("capped", 100, 901, CONFIG, facts), InvalidRequest)

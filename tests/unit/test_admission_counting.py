@@ -8,27 +8,35 @@ import pytest
 
 from admission.counting import count_prompt, template_for, tokenizer_for
 from admission.tokenizer import BytesEstimateTokenizer, HuggingFaceTokenizer, TiktokenTokenizer
-from config.admission import ChatTemplateConfig, TokenizerConfig
+from config.schema import (
+    BytesTokenizer,
+    ChatTemplate,
+    ReplicaTokenizer,
+)
+from config.schema import (
+    HuggingFaceTokenizer as HuggingFaceConfig,
+)
+from config.schema import TiktokenTokenizer as TiktokenConfig
 
 HAS_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
 
 
 def test_default_tokenizer_is_the_offline_tiktoken_encoding() -> None:
-    tokenizer = tokenizer_for(TokenizerConfig())
+    tokenizer = tokenizer_for(TiktokenConfig())
     assert isinstance(tokenizer, TiktokenTokenizer)
     assert tokenizer.count("hello world") == 2
 
 
 def test_bytes_and_replica_kinds() -> None:
-    tokenizer = tokenizer_for(TokenizerConfig(kind="bytes", bytes_per_token=2))
+    tokenizer = tokenizer_for(BytesTokenizer(kind="bytes", bytes_per_token=2))
     assert isinstance(tokenizer, BytesEstimateTokenizer) and tokenizer.count("abcde") == 3
-    assert tokenizer_for(TokenizerConfig(kind="replica")) is None
+    assert tokenizer_for(ReplicaTokenizer(kind="replica")) is None
 
 
 def test_chat_is_counted_after_the_template() -> None:
     tokenizer = BytesEstimateTokenizer(1)
     template = template_for(
-        ChatTemplateConfig(message_prefix="[{role}]", message_suffix="|", generation_prompt="A:")
+        ChatTemplate(message_prefix="[{role}]", message_suffix="|", generation_prompt="A:")
     )
     body = {
         "messages": [
@@ -45,15 +53,14 @@ def test_chat_is_counted_after_the_template() -> None:
 )
 def test_completions_prompts(prompt: object, expected: int) -> None:
     assert (
-        count_prompt({"prompt": prompt}, BytesEstimateTokenizer(1), template_for(ChatTemplateConfig()))
-        == expected
+        count_prompt({"prompt": prompt}, BytesEstimateTokenizer(1), template_for(ChatTemplate())) == expected
     )
 
 
 @pytest.mark.skipif(HAS_TOKENIZERS, reason="the 'hf' extra is installed")
 def test_hf_without_the_extra_says_how_to_install_it(tmp_path: Path) -> None:
     with pytest.raises(ImportError, match=r"kvgate\[hf\]"):
-        tokenizer_for(TokenizerConfig(kind="hf", path=str(tmp_path / "tokenizer.json")))
+        tokenizer_for(HuggingFaceConfig(kind="huggingface", path=str(tmp_path / "tokenizer.json")))
 
 
 @pytest.mark.skipif(not HAS_TOKENIZERS, reason="needs the 'hf' extra")

@@ -1,0 +1,160 @@
+"""Retry-After as a promise: the slots booked for refused requests, and who may claim them.
+
+Under sustained overload a correct drain-time estimate is still not a place in line: the capacity
+that frees at the predicted instant goes to whoever asks then, usually a new arrival, and the
+client that waited as told is refused again (27 % first-retry success at a 2 s queue limit). So a
+refusal for capacity books the request a slot in a virtual queue of promised returns: the slot's
+time is the drain estimate behind resident work, queued work and every promise of the same or a
+higher priority booked before it, and that time is the Retry-After. The same request coming back
+(same tenant, same body fingerprint, computed by the edge) within ``grace_s`` of its slot claims
+it and goes ahead of new arrivals and queued work of its own class, never ahead of a higher class.
+While a promise is due (within ``grace_s`` of its time) the decision sets its KV aside on the
+simulated fleet before placing anything of the same or a lower class, so the room is still there
+when the client comes back. A promise only orders: admission still needs ``capacity.fits``, so it
+can never over-commit KV. Unclaimed promises are released ``grace_s`` after their time; promises
+count against the queue's request and token bounds. A slot beyond the Retry-After cap stays booked:
+the client returns at the cap, is recognised as early and told the time left, keeping its place.
+Alternatives measured worse or cannot be trusted: a longer queue limit only moves the race, and a
+client's retry-count header alone says nothing about which slot it was given.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from admission.decision import AdmissionRequest
+from admission.queue import Ahead
+
+RETRY_COUNT_HEADER = "x-stainless-retry-count"
+
+PromiseKey = tuple[str, bytes]
+"""(tenant name, fingerprint of the request body)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Promise:
+    promise_id: int
+    key: PromiseKey
+    request: AdmissionRequest
+    due_s: float
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.request.cost.kv_tokens
+
+    @property
+    def rank(self) -> int:
+        return self.request.tenant.priority.rank
+
+
+class PromiseBook:
+    """Booked promises, ordered by slot time; every operation is at most linear in their number."""
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._by_id: dict[int, Promise] = {}
+        self._by_key: dict[PromiseKey, list[int]] = {}
+        self._order: list[tuple[float, int]] = []
+        """(due_s, promise_id), sorted: due and expired promises are a prefix."""
+        self._sums: dict[tuple[int, str], list[int]] = {}
+        """(rank, model) -> [requests, kv, prompt, max output] promised."""
+        self._next_id = 1
+        self.kv_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def book(self, key: PromiseKey, request: AdmissionRequest, due_s: float) -> Promise:
+        promise = Promise(self._next_id, key, request, due_s)
+        self._next_id += 1
+        self._by_id[promise.promise_id] = promise
+        self._by_key.setdefault(key, []).append(promise.promise_id)
+        bisect.insort(self._order, (due_s, promise.promise_id))
+        self.kv_tokens += promise.kv_tokens
+        self._add_sums(promise, +1)
+        return promise
+
+    def find(self, key: PromiseKey) -> Promise | None:
+        """The earliest promise booked under ``key``."""
+        ids = self._by_key.get(key)
+        if not ids:
+            return None
+        return min((self._by_id[i] for i in ids), key=lambda p: (p.due_s, p.promise_id))
+
+    def remove(self, promise: Promise) -> None:
+        if self._by_id.pop(promise.promise_id, None) is None:
+            return
+        ids = self._by_key[promise.key]
+        ids.remove(promise.promise_id)
+        if not ids:
+            del self._by_key[promise.key]
+        index = bisect.bisect_left(self._order, (promise.due_s, promise.promise_id))
+        del self._order[index]
+        self.kv_tokens -= promise.kv_tokens
+        self._add_sums(promise, -1)
+
+    def expire(self, now_s: float) -> int:
+        """Release promises whose claim window closed before ``now_s``; how many."""
+        released = 0
+        while self._order and self._order[0][0] + self.grace_s < now_s:
+            self.remove(self._by_id[self._order[0][1]])
+            released += 1
+        return released
+
+    def due(self, now_s: float) -> Iterator[Promise]:
+        """Promises whose claim window is open or opens by ``now_s``, earliest slot first."""
+        for due_s, promise_id in self._order:
+            if due_s - self.grace_s > now_s:
+                return
+            yield self._by_id[promise_id]
+
+    def has_due(self, now_s: float, rank: int) -> bool:
+        """Is a promise of the same or a higher priority due by ``now_s``?"""
+        return any(p.rank <= rank for p in self.due(now_s))
+
+    def ahead(self, rank: int, model: str, due_s: float | None = None) -> Ahead:
+        """Promised work for ``model`` served before a request of class ``rank``: every promise of
+        a higher class and, of its own class, all of them (a newcomer) or those due before
+        ``due_s`` (a claimant of a slot due then)."""
+        requests = kv = prompt = output = 0
+        for (r, m), sums in self._sums.items():
+            if m == model and (r < rank or (r == rank and due_s is None)):
+                requests += sums[0]
+                kv += sums[1]
+                prompt += sums[2]
+                output += sums[3]
+        if due_s is not None:
+            for promise in self._by_id.values():
+                cost = promise.request.cost
+                if promise.rank == rank and cost.model == model and promise.due_s < due_s:
+                    requests += 1
+                    kv += cost.kv_tokens
+                    prompt += cost.prompt_tokens
+                    output += cost.max_output_tokens
+        return Ahead(requests, kv, prompt, output)
+
+    def _add_sums(self, promise: Promise, sign: int) -> None:
+        cost = promise.request.cost
+        key = (promise.rank, cost.model)
+        sums = self._sums.setdefault(key, [0, 0, 0, 0])
+        for i, value in enumerate((1, cost.kv_tokens, cost.prompt_tokens, cost.max_output_tokens)):
+            sums[i] += sign * value
+        if sums[0] == 0:
+            del self._sums[key]
+
+
+def fingerprint(body: bytes) -> bytes:
+    """A digest of the request body as sent: a client's retry sends the same bytes."""
+    return hashlib.blake2b(body, digest_size=16).digest()
+
+
+def retry_count(headers: Mapping[str, str]) -> int | None:
+    """Earlier attempts by the client's own count (``x-stainless-retry-count``, sent by the openai
+    SDKs on every attempt); None when absent or not a count. ``headers`` has lower-case names."""
+    raw = headers.get(RETRY_COUNT_HEADER)
+    if raw is None or not raw.isdigit():
+        return None
+    return int(raw)

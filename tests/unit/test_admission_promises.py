@@ -1,0 +1,187 @@
+from __future__ import annotations
+
+from itertools import count
+
+from admission.cost import CostEstimate
+from admission.decision import AdmissionRequest, Admit, Queue, Reject, RejectReason
+from admission.promises import PromiseBook, fingerprint, retry_count
+from admission.tenants import Tenant
+from config.admission import AdmissionConfig, PriorityClass
+from tests.unit.test_admission_controller import MODEL, Fleet
+
+_ids = count(1)
+NO_QUEUE = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0)
+
+
+def freq(
+    body: bytes,
+    prompt: int = 100,
+    max_output: int = 400,
+    tenant: Tenant | None = None,
+    retry: int | None = None,
+) -> AdmissionRequest:
+    return AdmissionRequest(
+        f"p{next(_ids)}",
+        tenant or Tenant("t"),
+        CostEstimate(MODEL, prompt, max_output, 131072),
+        None,
+        fingerprint(body),
+        retry,
+    )
+
+
+def full_fleet(config: AdmissionConfig = NO_QUEUE) -> tuple[Fleet, list[AdmissionRequest]]:
+    """One replica of 1000 KV tokens holding two 500-token sequences."""
+    fleet = Fleet(config, {"r": 1000})
+    resident = [freq(b"a"), freq(b"b")]
+    for request in resident:
+        assert isinstance(fleet.decide(request), Admit)
+    return fleet, resident
+
+
+def refused(fleet: Fleet, request: AdmissionRequest) -> Reject:
+    decision = fleet.decide(request)
+    assert isinstance(decision, Reject) and decision.retry_after is not None, decision
+    return decision
+
+
+def test_a_request_back_at_its_retry_after_goes_before_new_arrivals() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.reason is RejectReason.KV_CAPACITY
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s - 0.5
+    fleet.release(resident[0].request_id)
+    newcomer = refused(fleet, freq(b"d"))
+    assert newcomer.retry_after is not None
+    assert newcomer.retry_after.expected_s > 0.5
+    fleet.now_s = first.retry_after.milliseconds / 1000.0
+    assert isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
+    assert fleet.ledger.totals().reserved_kv_tokens == 1000
+
+
+def test_without_the_promise_the_newcomer_would_have_taken_the_room() -> None:
+    fleet, resident = full_fleet()
+    fleet.now_s = 3.0
+    fleet.release(resident[0].request_id)
+    assert isinstance(fleet.decide(freq(b"d")), Admit)
+
+
+def test_unclaimed_promises_expire_and_free_what_they_held() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.release(resident[0].request_id)
+    fleet.now_s = first.retry_after.expected_s + NO_QUEUE.promise_grace_s + 0.01
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 0
+    assert isinstance(fleet.decide(freq(b"d")), Admit)
+
+
+def test_a_claimant_never_over_commits_the_fleet() -> None:
+    fleet, _ = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    again = fleet.decide(freq(b"c", retry=1))
+    assert not isinstance(again, Admit)
+    assert fleet.ledger.totals().reserved_kv_tokens == 1000
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
+
+
+def test_a_claimant_that_must_wait_is_queued_at_the_head_of_its_class() -> None:
+    config = AdmissionConfig(max_queue_wait_s=10.0, promise_grace_s=1.0)
+    fleet, resident = full_fleet(config)
+    hurried = AdmissionRequest(
+        "c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, fingerprint(b"c")
+    )
+    first = refused(fleet, hurried)
+    assert first.reason is RejectReason.DEADLINE and first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    waiting = fleet.decide(freq(b"e"))
+    claimant = fleet.decide(freq(b"c", retry=1))
+    assert isinstance(waiting, Queue) and isinstance(claimant, Queue)
+    dispatched = fleet.release(resident[0].request_id)
+    assert [d.ticket for d in dispatched] == [claimant.ticket]
+    assert [d.ticket for d in fleet.release(resident[1].request_id)] == [waiting.ticket]
+
+
+def test_retry_after_grows_with_the_promises_ahead() -> None:
+    fleet, _ = full_fleet()
+    hints = [refused(fleet, freq(bytes([i]) * 3)).retry_after for i in range(6)]
+    expected = [h.expected_s for h in hints if h is not None]
+    assert expected == sorted(expected)
+    assert expected[-1] > expected[0]
+    assert fleet.controller.queue_stats(0.0).promised_requests == 6
+
+
+def test_a_promise_never_outranks_a_higher_class() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    critical = Tenant("vip", priority=PriorityClass.CRITICAL)
+    assert isinstance(fleet.decide(freq(b"v", tenant=critical)), Admit)
+    assert not isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+
+
+def test_early_return_keeps_its_place_and_is_told_the_time_left() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=1.0)
+    fleet, _ = full_fleet(config)
+    first = refused(fleet, freq(b"c", max_output=600))
+    assert first.retry_after is not None and first.retry_after.seconds == 1
+    due_s = first.retry_after.expected_s
+    assert due_s > 3.0
+    fleet.now_s = 1.0
+    early = refused(fleet, freq(b"c", max_output=600, retry=1))
+    assert early.retry_after is not None
+    assert abs(early.retry_after.expected_s - (due_s - 1.0)) < 1e-9
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
+
+
+def test_an_identical_first_attempt_does_not_claim_the_promise() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    assert not isinstance(fleet.decide(freq(b"c", retry=0)), Admit)
+    assert isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+
+
+def test_promises_count_against_the_queue_bounds() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, queue_max_requests=2)
+    fleet, _ = full_fleet(config)
+    refused(fleet, freq(b"c"))
+    refused(fleet, freq(b"d"))
+    assert refused(fleet, freq(b"e")).reason is RejectReason.QUEUE_FULL
+    assert fleet.controller.queue_stats(0.0).promised_requests == 2
+
+
+def test_requests_without_a_fingerprint_are_never_promised() -> None:
+    fleet, _ = full_fleet()
+    plain = AdmissionRequest("x", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072))
+    refused(fleet, plain)
+    assert fleet.controller.queue_stats(0.0).promised_requests == 0
+
+
+def test_book_find_expire() -> None:
+    book = PromiseBook(grace_s=1.0)
+    request = freq(b"x")
+    late = book.book(("t", b"k"), request, 5.0)
+    early = book.book(("t", b"k"), request, 2.0)
+    assert book.find(("t", b"k")) == early
+    assert [p.promise_id for p in book.due(1.5)] == [early.promise_id]
+    assert book.expire(3.5) == 1
+    assert book.find(("t", b"k")) == late
+    book.remove(late)
+    assert len(book) == 0 and book.kv_tokens == 0 and book.find(("t", b"k")) is None
+
+
+def test_retry_count_header() -> None:
+    assert retry_count({"x-stainless-retry-count": "2"}) == 2
+    assert retry_count({"x-stainless-retry-count": "-1"}) is None
+    assert retry_count({}) is None
+    assert fingerprint(b"same") == fingerprint(b"same") != fingerprint(b"other")
