@@ -92,7 +92,7 @@ async def test_the_openai_sdk_honouring_retry_after_gets_through() -> None:
 async def test_sdk_default_retries_claim_their_promised_slots_and_leave_none_behind() -> None:
     async with (
         small_fleet(time_scale=0.05) as fleet,
-        running_gateway(config_for(fleet, max_queue_wait_s=0)) as gw,
+        running_gateway(config_for(fleet, max_queue_wait_s=0, default_inter_token_s=0.003)) as gw,
     ):
         client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused")
         async with client:
