@@ -1,0 +1,357 @@
+"""Goodput by routing policy: kvgate against round-robin and least-request on one trace.
+
+Seven processes: three simulated fleets of the same size and profile (each this module re-run as
+``--fleet-child``: a ``SimFleet`` with the replicas' own warm-up turned off, so no policy meets a
+cold engine), three gateways (``kvgate serve``) that differ only in ``routing.policy``, each in
+front of its own fleet, and this driver. The trace mixes the ``mixed`` preset's short and
+30,000-token requests with ``shared-prefix`` sessions (system prompts shared by multi-turn
+conversations); the fleets' KV caches are cut down so they cannot hold every system prompt at once,
+as a loaded fleet cannot. The trace is played through ``loadtest.compare.run_compare``: cut into
+time slices, each slice played against every gateway in rotating order, the same bytes to each.
+
+Printed per policy: goodput (requests meeting both SLOs: TTFT, and mean inter-token gap), p95 TTFT,
+p95 inter-token gap, the fleet's prefix-cache hit rate over the run (the replicas' own
+``vllm:prefix_cache_*`` counters), ratios against round-robin, whether the simulator lagged
+(``kvgate_sim_lag_ratio``, the worst replica) and whether the generator kept its schedule and was
+CPU-bound (the runner's own report). A PNG shows goodput, hit rate and the TTFT CDFs. Not a test.
+
+    python -m loadtest.bench_goodput [--replicas 4] [--rate 10] [--duration-s 36] [--slices 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from loadtest.compare import ratios, run_compare, summaries_for
+from loadtest.report import Slo, Summary
+from loadtest.runner import RunOptions, RunResult, Target
+from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
+from loadtest.workload import Workload, build_trace, parse_workload
+
+POLICIES = ("kvgate", "round_robin", "least_request")
+BASELINE = "round_robin"
+KVGATE = os.path.join(os.path.dirname(sys.executable), "kvgate")
+SIM_LAG_LIMIT_RATIO = 0.05
+
+
+def workload(rate_rps: float, duration_s: float, slo_ttft_s: float, slo_itl_s: float) -> Workload:
+    """``mixed``'s two classes next to ``shared-prefix`` sessions, open loop, Poisson."""
+    return parse_workload(
+        {
+            "name": "mixed+shared-prefix",
+            "api": "chat",
+            "duration_s": duration_s,
+            "rate_rps": rate_rps,
+            "slo_ttft_s": slo_ttft_s,
+            "slo_itl_s": slo_itl_s,
+            "classes": [
+                {
+                    "name": "session",
+                    "weight": 0.6,
+                    "system_prompts": 16,
+                    "system_prompt_tokens": {"uniform": [2000, 4000]},
+                    "turns": {"uniform": [3, 6]},
+                    "live_sessions": 32,
+                    "prompt_tokens": {"lognormal": {"median": 150, "sigma": 0.5, "min": 20, "max": 600}},
+                    "output_tokens": {"lognormal": {"median": 150, "sigma": 0.5, "min": 20, "max": 400}},
+                },
+                {"name": "short", "weight": 0.35, "prompt_tokens": 50, "output_tokens": 20},
+                {"name": "long", "weight": 0.05, "prompt_tokens": 30000, "output_tokens": 2000},
+            ],
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FleetCounters:
+    prefix_hits_tokens: float
+    prefix_queries_tokens: float
+    lag_ratio: float
+    """The worst replica's ``kvgate_sim_lag_ratio`` (cumulative lag over busy time)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    policy: str
+    summary: Summary
+    result: RunResult
+    hit_ratio: float
+    lag_ratio: float
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+async def serve_fleet(replicas: int, time_scale: float, kv_capacity_tokens: int, seed: int) -> None:
+    """The ``--fleet-child`` mode: print the replicas' URLs as one JSON line, serve until SIGTERM."""
+    overrides = {"warmup_s": 0.0, "kv_capacity_tokens": kv_capacity_tokens}
+    async with SimFleet(replicas=replicas, time_scale=time_scale, seed=seed, overrides=overrides) as fleet:
+        print(orjson.dumps(fleet.urls).decode(), flush=True)
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+
+
+def gateway_config(urls: Sequence[str], port: int, policy: str, kv_capacity_tokens: int) -> dict[str, Any]:
+    return {
+        "server": {"host": "127.0.0.1", "port": port},
+        "health": {"interval_s": 0.5},
+        "models": [{"name": DEFAULT_MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
+        "pools": [{"name": "default", "replicas": list(urls), "kv_capacity_tokens": kv_capacity_tokens}],
+        "routing": {"policy": policy, "warmup_s": 0},
+        "admission": {"max_queue_wait_s": 30},
+    }
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            proc.terminate()
+        for proc in started:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def start_fleet(started: list[subprocess.Popen[bytes]], args: argparse.Namespace) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "loadtest.bench_goodput",
+        "--fleet-child",
+        "--replicas",
+        str(args.replicas),
+        "--time-scale",
+        str(args.time_scale),
+        "--kv-capacity-tokens",
+        str(args.kv_capacity_tokens),
+        "--seed",
+        str(args.seed),
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE)
+    started.append(proc)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"simulated fleet exited with {proc.wait()}")
+    urls: list[str] = orjson.loads(line)
+    return urls
+
+
+def start_gateway(
+    started: list[subprocess.Popen[bytes]], urls: Sequence[str], policy: str, args: argparse.Namespace
+) -> str:
+    port = free_port()
+    config = gateway_config(urls, port, policy, args.kv_capacity_tokens)
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
+        yaml.safe_dump(config, file)
+    started.append(
+        subprocess.Popen(
+            [KVGATE, "serve", "--config", file.name, "--log-level", "warning"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    return f"http://127.0.0.1:{port}"
+
+
+async def wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float = 60.0) -> None:
+    end_s = time.monotonic() + timeout_s
+    while time.monotonic() < end_s:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with session.get(url) as response:
+                if response.status == 200:
+                    return
+        await asyncio.sleep(0.2)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+async def fleet_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> FleetCounters:
+    hits = queries = 0.0
+    lag = 0.0
+    for url in urls:
+        async with session.get(url + "/metrics") as response:
+            text = await response.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "vllm:prefix_cache_hits_total":
+                    hits += sample.value
+                elif sample.name == "vllm:prefix_cache_queries_total":
+                    queries += sample.value
+                elif sample.name == "kvgate_sim_lag_ratio":
+                    lag = max(lag, sample.value)
+    return FleetCounters(hits, queries, lag)
+
+
+def _fmt(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    if value is None or base is None or base == 0:
+        return "-"
+    return f"{value / base:.2f}x"
+
+
+def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
+    print(
+        f"\nSLO: TTFT <= {slo.ttft_s:g} s and mean inter-token gap <= {slo.itl_s * 1000:g} ms\n"
+        f"{'policy':<14} {'requests':>8} {'ok':>5} {'429':>5} {'goodput':>8} {'good %':>7} {'good/s':>7} "
+        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'sim lag':>8}"
+    )
+    for run in runs:
+        s = run.summary
+        print(
+            f"{run.policy:<14} {s.requests:>8} {s.ok:>5} {s.rejects:>5} {s.goodput_requests:>8} "
+            f"{100 * s.goodput_ratio:>6.1f}% {s.goodput_rps:>7.2f} {_fmt(s.ttft_p50_s):>9} "
+            f"{_fmt(s.ttft_p95_s):>9} {_fmt(s.itl_p95_s, 1000, 1):>10} {run.hit_ratio:>10.3f} "
+            f"{run.lag_ratio:>8.3f}"
+        )
+    base = next(run for run in runs if run.policy == BASELINE)
+    table = ratios([run.summary for run in runs], BASELINE)
+    print(f"\nagainst {BASELINE} (goodput and hit rate above 1, TTFT and ITL below 1 are better):")
+    for run in runs:
+        if run.policy == BASELINE:
+            continue
+        s, b = run.summary, base.summary
+        print(
+            f"  {run.policy:<14} goodput {_ratio(table[run.policy]['goodput'], 1.0)}, "
+            f"ttft p95 {_ratio(s.ttft_p95_s, b.ttft_p95_s)}, itl p95 {_ratio(s.itl_p95_s, b.itl_p95_s)}, "
+            f"prefix hit rate {_ratio(run.hit_ratio, base.hit_ratio)}"
+        )
+    print()
+    for run in runs:
+        s = run.summary
+        lag = "LAGGED: results invalid" if run.lag_ratio > SIM_LAG_LIMIT_RATIO else "kept up"
+        schedule = "kept its schedule" if s.schedule_kept else "fell behind its schedule"
+        bound = "CPU-bound" if s.cpu_bound else "not CPU-bound"
+        print(
+            f"  {run.policy:<14} simulator {lag} (lag ratio {run.lag_ratio:.3f}, limit "
+            f"{SIM_LAG_LIMIT_RATIO}); generator {schedule} (send lag p99 {_fmt(s.lag_p99_s, 1000, 1)} ms), "
+            f"{bound} ({s.cpu_ratio:.0%} of one core, {s.cpu_per_request_ms:.1f} ms/request)"
+        )
+
+
+def plot(runs: Sequence[PolicyRun], slo: Slo, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [run.policy for run in runs]
+    fig, (goodput_ax, hit_ax, ttft_ax) = plt.subplots(1, 3, figsize=(13, 4))
+    goodput_ax.bar(names, [100 * run.summary.goodput_ratio for run in runs], color="tab:green")
+    goodput_ax.set_ylabel("requests meeting both SLOs (%)")
+    goodput_ax.set_title("goodput")
+    hit_ax.bar(names, [100 * run.hit_ratio for run in runs], color="tab:blue")
+    hit_ax.set_ylabel("prefix-cache hits / queries (tokens, %)")
+    hit_ax.set_title("fleet prefix-cache hit rate")
+    for run in runs:
+        ttft = sorted(r.ttft_s for r in run.result.records if r.ok and r.ttft_s is not None)
+        if ttft:
+            ttft_ax.plot(ttft, [(i + 1) / len(ttft) for i in range(len(ttft))], label=run.policy)
+    ttft_ax.axvline(slo.ttft_s, color="grey", linestyle="--", label="TTFT SLO")
+    ttft_ax.set_xscale("log")
+    ttft_ax.set_xlabel("time to first token (s)")
+    ttft_ax.set_ylabel("share of successful requests")
+    ttft_ax.set_title("TTFT CDF")
+    ttft_ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+async def bench(args: argparse.Namespace) -> None:
+    slo = Slo(args.slo_ttft_s, args.slo_itl_s)
+    trace = build_trace(workload(args.rate, args.duration_s, slo.ttft_s, slo.itl_s), args.seed)
+    classes: dict[str, int] = {}
+    for request in trace.requests:
+        classes[request.class_name] = classes.get(request.class_name, 0) + 1
+    mix = ", ".join(f"{n} {c}" for c, n in sorted(classes.items()))
+    print(
+        f"{len(trace.requests)} requests over {args.duration_s:g} s at {args.rate:g} req/s ({mix}; "
+        f"{trace.prompt_tokens} prompt tokens); {len(POLICIES)} fleets of {args.replicas} simulated "
+        f"llama-3.1-8b-h100 replicas (KV {args.kv_capacity_tokens} tokens each, time scale "
+        f"{args.time_scale:g}), one gateway per policy, {args.slices} interleaved slices"
+    )
+    with processes() as started:
+        fleets = {policy: start_fleet(started, args) for policy in POLICIES}
+        gateways = {policy: start_gateway(started, fleets[policy], policy, args) for policy in POLICIES}
+        async with aiohttp.ClientSession() as session:
+            for url in gateways.values():
+                await wait_ready(session, url + "/readyz")
+            before = {p: await fleet_counters(session, fleets[p]) for p in POLICIES}
+            targets = [Target(p, gateways[p], DEFAULT_MODEL) for p in POLICIES]
+            results = await run_compare(
+                targets, trace, RunOptions(), slice_count=args.slices, same_prompts=True
+            )
+            after = {p: await fleet_counters(session, fleets[p]) for p in POLICIES}
+    runs = []
+    for result, summary in zip(results, summaries_for(results, slo), strict=True):
+        policy = result.target.name
+        queries = after[policy].prefix_queries_tokens - before[policy].prefix_queries_tokens
+        hits = after[policy].prefix_hits_tokens - before[policy].prefix_hits_tokens
+        runs.append(
+            PolicyRun(policy, summary, result, hits / queries if queries else 0.0, after[policy].lag_ratio)
+        )
+    print_table(runs, slo)
+    plot(runs, slo, args.png)
+    print(f"\nplot: {args.png}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--replicas", type=int, default=4, help="replicas per fleet (default 4)")
+    parser.add_argument("--rate", type=float, default=10.0, help="offered requests/s (default 10)")
+    parser.add_argument("--duration-s", type=float, default=36.0, help="trace length (default 36)")
+    parser.add_argument("--slices", type=int, default=3, help="interleaved slices (default 3)")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale (default 1)")
+    parser.add_argument(
+        "--kv-capacity-tokens", type=int, default=100_000, help="KV cache per replica (default 100000)"
+    )
+    parser.add_argument("--slo-ttft-s", type=float, default=1.0, help="TTFT SLO (default 1 s)")
+    parser.add_argument(
+        "--slo-itl-s", type=float, default=0.05, help="mean inter-token gap SLO (default 0.05 s)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--png", type=Path, default=Path("bench_goodput.png"), help="plot path")
+    parser.add_argument("--fleet-child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    import uvloop
+
+    if args.fleet_child:
+        uvloop.run(serve_fleet(args.replicas, args.time_scale, args.kv_capacity_tokens, args.seed))
+    else:
+        uvloop.run(bench(args))
+
+
+if __name__ == "__main__":
+    main()
