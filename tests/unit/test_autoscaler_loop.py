@@ -27,6 +27,15 @@ def test_register_adds_the_autoscale_command() -> None:
     )
 
 
+def test_the_admin_token_comes_from_the_flag_or_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = ("--gateway", "http://gw", "--actuator", "sim", "--sim-control", "default=http://sim:9100")
+    monkeypatch.delenv("KVGATE_ADMIN_TOKEN", raising=False)
+    assert parse(*base).admin_token is None
+    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "from-env")
+    assert parse(*base).admin_token == "from-env"
+    assert parse(*base, "--admin-token", "from-flag").admin_token == "from-flag"
+
+
 def test_bad_actuator_arguments_exit_with_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_autoscale(parse("--gateway", "http://gw", "--actuator", "sim")) == 2
     assert "--sim-control" in capsys.readouterr().err
