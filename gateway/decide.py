@@ -113,6 +113,7 @@ class KvgateDecider:
         self._encoder = PromptEncoder(config.models)
         state.removal_listeners.append(self.forget)
         self._waiting: dict[int, tuple[ProxyRequest, asyncio.Future[Route | Refusal]]] = {}
+        self._views: dict[str, tuple[ReplicaState, ReplicaView]] = {}
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
         self.session: aiohttp.ClientSession | None = None
         self._itl_s = self._config.default_inter_token_s
@@ -122,12 +123,18 @@ class KvgateDecider:
         }
 
     def views(self, now_s: float) -> list[ReplicaView]:
+        """The fleet as the cores see it now. A replica's view is rebuilt only when something in
+        it changed since the last call (its load, health, scrape or TTFT); otherwise the view
+        built then is handed out again (views are frozen, so sharing is safe)."""
         foreign = self.foreign_loads()
         ledger = self._state.ledger
+        health = self.health
+        cache = self._views
         views = []
         for r in self._state.replicas.values():
-            load = ledger.load(r.replica_id)
-            other = foreign.get(r.replica_id) if foreign else None
+            replica_id = r.replica_id
+            load = ledger.load(replica_id)
+            other = foreign.get(replica_id) if foreign else None
             if other is not None:
                 load = ReplicaLoad(
                     load.prefill_tokens_pending + other.prefill_tokens_pending,
@@ -135,24 +142,37 @@ class KvgateDecider:
                     load.remaining_decode_tokens + other.remaining_decode_tokens,
                     load.reserved_kv_tokens + other.reserved_kv_tokens,
                 )
-            healthy, ready_since_s, backoff_until_s = self.health.get(r.replica_id).view_fields(now_s)
-            views.append(
-                ReplicaView(
-                    r.replica_id,
-                    r.url,
-                    r.pool,
-                    r.role,
-                    r.models,
-                    r.kv_capacity_tokens,
-                    r.max_sequences,
-                    healthy,
-                    ready_since_s,
-                    load,
-                    r.scraped,
-                    r.ttft_ewma_s,
-                    backoff_until_s,
-                )
+            healthy, ready_since_s, backoff_until_s = health.get(replica_id).view_fields(now_s)
+            cached = cache.get(replica_id)
+            if cached is not None and cached[0] is r:
+                view = cached[1]
+                if (
+                    view.load is load
+                    and view.healthy is healthy
+                    and view.ready_since_s == ready_since_s
+                    and view.backoff_until_s == backoff_until_s
+                    and view.scraped is r.scraped
+                    and view.ttft_ewma_s == r.ttft_ewma_s
+                ):
+                    views.append(view)
+                    continue
+            view = ReplicaView(
+                replica_id,
+                r.url,
+                r.pool,
+                r.role,
+                r.models,
+                r.kv_capacity_tokens,
+                r.max_sequences,
+                healthy,
+                ready_since_s,
+                load,
+                r.scraped,
+                r.ttft_ewma_s,
+                backoff_until_s,
             )
+            cache[replica_id] = (r, view)
+            views.append(view)
         return views
 
     def queued_requests(self) -> list[ProxyRequest]:
@@ -369,6 +389,7 @@ class KvgateDecider:
             self.pump()
 
     def forget(self, replica_id: str) -> None:
+        self._views.pop(replica_id, None)
         self.router.forget(replica_id)
         self.health.remove(replica_id)
 

@@ -155,6 +155,9 @@ class ReplicaHealth:
         return replace(view, healthy=healthy, ready_since_s=ready_since_s, backoff_until_s=backoff_until_s)
 
 
+_STARTING = ReplicaHealth()
+
+
 class HealthTracker:
     """Every replica's health, keyed by replica id; the edge's one mutable handle on the machine."""
 
@@ -170,7 +173,8 @@ class HealthTracker:
         return health
 
     def get(self, replica_id: str) -> ReplicaHealth:
-        return self._health.get(replica_id, ReplicaHealth())
+        health = self._health.get(replica_id)
+        return _STARTING if health is None else health
 
     def remove(self, replica_id: str) -> None:
         self._health.pop(replica_id, None)

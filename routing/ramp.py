@@ -36,6 +36,27 @@ class Ramp:
     aggression: float
     cold_ttft_factor: float
 
+    def _all_warm(self, views: Sequence[ReplicaView], now_s: float) -> bool:
+        """Every view has weight 1: past its warm-up and not cold against the others' mean TTFT."""
+        warmup_s = self.warmup_s
+        ttft_sum_s = 0.0
+        ttft_count = 0
+        for view in views:
+            ready_since_s = view.ready_since_s
+            if warmup_s > 0 and (ready_since_s is None or now_s - ready_since_s < warmup_s):
+                return False
+            if view.ttft_ewma_s is not None:
+                ttft_sum_s += view.ttft_ewma_s
+                ttft_count += 1
+        if ttft_count < 2:
+            return True
+        factor = self.cold_ttft_factor
+        for view in views:
+            ttft_s = view.ttft_ewma_s
+            if ttft_s is not None and ttft_s > factor * ((ttft_sum_s - ttft_s) / (ttft_count - 1)):
+                return False
+        return True
+
     def weights(self, views: Sequence[ReplicaView], now_s: float) -> list[float]:
         ttft_sum_s = 0.0
         ttft_count = 0
@@ -58,6 +79,8 @@ class Ramp:
 
     def keep(self, views: Sequence[ReplicaView], now_s: float, rng: random.Random) -> list[ReplicaView]:
         """The candidates that stay in this decision; a candidate of weight 1 costs no draw."""
+        if self._all_warm(views, now_s):
+            return list(views)
         kept = [
             view
             for view, weight in zip(views, self.weights(views, now_s), strict=True)
