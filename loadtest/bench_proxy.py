@@ -4,9 +4,12 @@ Three processes: zero-delay backends (raw asyncio + httptools, one process for a
 CPU is not counted), the gateway (uvicorn + uvloop, its CPU read from ``/proc`` via psutil), and
 this driver (aiohttp clients at a fixed concurrency). Each scenario runs direct and through the
 gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, and 50-chunk
-streams paced ~5 ms apart. Prints a table; not a test.
+streams paced ~5 ms apart. Prints a table; not a test. ``--decisions N`` instead times the
+decision path alone, in this process: ``decide``, first token, ``finished`` and ``release`` for N
+requests against four healthy replicas, no sockets (CPU microseconds per request).
 
     python -m loadtest.bench_proxy [--concurrency 64] [--requests 4000] [--streams 600]
+    python -m loadtest.bench_proxy --decisions 20000
 """
 
 from __future__ import annotations
@@ -335,6 +338,41 @@ async def _drive_direct(
     return Result([x for r in results for x in r.latencies_s], max(r.wall_s for r in results))
 
 
+async def time_decisions(total: int, held: int = 32) -> float:
+    """CPU microseconds per request of the decision path alone (see the module docstring)."""
+    from config.loader import parse_config
+    from gateway.decide import KvgateDecider, Route
+    from gateway.metrics import GatewayMetrics
+    from gateway.state import GatewayState, ProxyRequest
+    from routing.health import Outcome
+
+    ports = range(9000, 9004)
+    config = parse_config(orjson.loads(_gateway_config(list(ports), 0)), {})
+    state = GatewayState.from_config(config)
+    decider = KvgateDecider(state, config, GatewayMetrics())
+    for replica in state.replicas.values():
+        decider.observe_outcome(replica, Outcome.SUCCESS)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
+    raw = orjson.dumps(body)
+    in_flight: list[tuple[ProxyRequest, Route]] = []
+    async with aiohttp.ClientSession() as session:
+        decider.session = session
+        start_s = time.process_time()
+        for i in range(total):
+            request = ProxyRequest(str(i), "/v1/chat/completions", MODEL, False, body, raw, [], [])
+            route = await decider.decide(request)
+            assert isinstance(route, Route), route
+            in_flight.append((request, route))
+            if len(in_flight) > held:
+                done, done_route = in_flight.pop(0)
+                now_s = time.monotonic()
+                decider.first_token(done, done_route.replica, now_s)
+                done.prompt_tokens, done.completion_tokens = 8, CHUNKS
+                decider.finished(done, done_route.replica, None, now_s)
+                decider.release(done, done_route)
+        return (time.process_time() - start_s) / total * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -348,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", help="comma-separated scenarios: non-stream, stream (back-to-back), 'stream paced', serial"
     )
+    parser.add_argument(
+        "--decisions", type=int, metavar="N", help="time only the decision path for N requests, in process"
+    )
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--gateway", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -359,6 +400,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.gateway:
         serve_gateway(args.gateway)
+        return 0
+    if args.decisions:
+        per_request_us = asyncio.run(time_decisions(args.decisions))
+        print(f"decision path: {per_request_us:.1f} us CPU per request ({args.decisions} requests)")
         return 0
     only = set(args.only.split(",")) if args.only else None
     runner = lambda: run(args.concurrency, args.requests, args.streams, only, args.py_spy)  # noqa: E731
