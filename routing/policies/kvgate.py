@@ -56,11 +56,14 @@ class KvgatePolicy:
         if self._uses_prefix and hashes:
             index = self._index
             matched = [index.match_blocks(view.replica_id, hashes) for view in candidates]
+            kv_tokens = request.kv_tokens
+            costs = [kv_tokens / view.capacity_kv_tokens for view in candidates]
+            bounded = within_bound(loads, costs, self._bounded_load_factor)
         else:
+            # Without a prefix to score, no scorer reads the bound: every candidate is inside it.
             matched = [0] * len(candidates)
-        kv_tokens = request.kv_tokens
-        costs = [kv_tokens / view.capacity_kv_tokens for view in candidates]
-        context = ScoringContext(now_s, loads, matched, within_bound(loads, costs, self._bounded_load_factor))
+            bounded = [True] * len(candidates)
+        context = ScoringContext(now_s, loads, matched, bounded)
         parts = {name: SCORERS[name](request, candidates, context) for name in self._weights}
         totals = [0.0] * len(candidates)
         for name, weight in self._weights.items():
