@@ -8,7 +8,8 @@ first with admission on, then with ``admission.enabled: false``. A client that g
 requests, p50/p95 TTFT of admitted streams, preemptions (the replicas' own
 ``vllm:num_preemptions_total``), 429s, the share of 429'd clients whose first retry succeeded, and
 the Retry-After error: median of (first token of the request that finally got in - its first 429)
-minus the first ``retry-after-ms``; positive means the hint was too short. Not a test.
+minus the first ``retry-after-ms``; positive means the hint was too short. Errors are non-200/429
+answers and dropped connections (each printed), counted rather than ending the run. Not a test.
 
     python -m loadtest.bench_admission [--duration-s 20] [--overload 2.0] [--replicas 2]
 """
@@ -91,6 +92,17 @@ async def _preemptions(session: aiohttp.ClientSession, urls: list[str]) -> float
 
 async def _one(session: aiohttp.ClientSession, url: str, prompt: str, retries: int) -> Outcome:
     outcome = Outcome()
+    try:
+        await _attempts(session, url, prompt, retries, outcome)
+    except aiohttp.ClientError as exc:
+        print(f"request failed: {exc!r}", file=sys.stderr)
+        outcome.failed = True
+    return outcome
+
+
+async def _attempts(
+    session: aiohttp.ClientSession, url: str, prompt: str, retries: int, outcome: Outcome
+) -> None:
     body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
     first_reject_s: float | None = None
     for attempt in range(retries + 1):
@@ -104,21 +116,20 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str, retries: i
                     first_reject_s = start
                     outcome.predicted_wait_s = wait_s
                 if attempt == retries:
-                    return outcome
+                    return
                 await asyncio.sleep(wait_s)
                 continue
             if response.status != 200:
                 await response.read()
                 outcome.failed = True
-                return outcome
+                return
             async for _ in response.content.iter_any():
                 if outcome.ttft_s is None:
                     outcome.ttft_s = time.monotonic() - start
                     if first_reject_s is not None:
                         outcome.actual_wait_s = time.monotonic() - first_reject_s
                         outcome.first_retry_ok = attempt == 1
-        return outcome
-    return outcome
+        return
 
 
 def _config(
