@@ -1,6 +1,10 @@
 from __future__ import annotations
 
+import dataclasses
 from itertools import count
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from admission.cost import CostEstimate
 from admission.decision import AdmissionRequest, Admit, Queue, Reject, RejectReason
@@ -185,3 +189,41 @@ def test_retry_count_header() -> None:
     assert retry_count({"x-stainless-retry-count": "-1"}) is None
     assert retry_count({}) is None
     assert fingerprint(b"same") == fingerprint(b"same") != fingerprint(b"other")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["arrive", "return", "release", "wait"]),
+            st.integers(0, 7),
+            st.sampled_from([PriorityClass.CRITICAL, PriorityClass.STANDARD]),
+        ),
+        max_size=40,
+    )
+)
+def test_promises_never_over_commit_a_replica(steps: list[tuple[str, int, PriorityClass]]) -> None:
+    fleet = Fleet(AdmissionConfig(max_queue_wait_s=1.0, promise_grace_s=1.0), {"r1": 1200, "r2": 900})
+    resident: list[str] = []
+    due_s: dict[int, float] = {}
+    for action, n, priority in steps:
+        if action in ("arrive", "return"):
+            request = freq(
+                bytes([n]), max_output=100 * (n + 1), tenant=Tenant(f"t{n % 2}", priority=priority)
+            )
+            if action == "return" and n in due_s:
+                fleet.now_s = max(fleet.now_s, due_s.pop(n))
+                request = dataclasses.replace(request, retry_count=1)
+            decision = fleet.decide(request)
+            if isinstance(decision, Admit):
+                resident.append(request.request_id)
+            elif isinstance(decision, Reject) and decision.retry_after is not None:
+                due_s[n] = fleet.now_s + decision.retry_after.expected_s
+        elif action == "release" and resident:
+            resident += [d.request.request_id for d in fleet.release(resident.pop(n % len(resident)))]
+        else:
+            fleet.now_s += 0.5 * n
+            fleet.controller.expire(fleet.now_s, fleet.views())
+            resident += [d.request.request_id for d in fleet.pump()]
+        for view in fleet.views():
+            assert view.load.reserved_kv_tokens <= view.capacity_kv_tokens
