@@ -8,7 +8,11 @@ the request's budget (``max_queue_wait_s``, or the client's own timeout when sho
 budget, a deadline the wait would miss), 503 when no replica can serve the model at all, 400 when no
 replica could ever hold the request. A newcomer never takes capacity that queued work of the same
 or higher priority would get first: it is placed in the queue's order and admitted only if the walk
-over that order, on a simulated copy of the fleet, reaches it with room to spare.
+over that order, on a simulated copy of the fleet, reaches it with room to spare. A refusal for
+capacity is also a promise (``admission.promises``): its Retry-After is a booked slot behind queued
+and promised work, due promises count as work ahead of the same and lower classes, and the request
+coming back on time claims the slot at the head of its class. With nothing queued and no promise
+due, the decision is one pass over the replicas.
 
 Every path is synchronous and takes ``now_s``; the edge performs the effects (reserve, wait on a
 ticket, answer) and calls ``on_capacity_freed`` after each release or fleet change, ``expire`` on a
