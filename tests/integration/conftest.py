@@ -4,6 +4,7 @@ end-of-test invariant that the gateway holds nothing for finished requests."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -49,7 +50,11 @@ async def assert_idle(gw: RunningGateway) -> None:
     )
     assert await eventually(lambda: gw.state.ledger_totals() == ReplicaLoad()), gw.state.ledger_totals()
     assert gw.state.queued == 0
-    assert gw.gateway.decider.controller.queue_stats(0.0).requests == 0
+    controller = gw.gateway.decider.controller
+    assert controller.queue_stats(0.0).requests == 0
+    admission = gw.gateway.config.admission
+    promises_lapse_s = time.monotonic() + admission.retry_after_cap_s + admission.promise_grace_s
+    assert controller.queue_stats(promises_lapse_s).promised_requests == 0, "a promise outlives its slot"
 
 
 @pytest.fixture

@@ -85,7 +85,7 @@ def test_model_facts_are_set_once_in_models_not_in_admission() -> None:
     }
     text = " ".join(problems_of({**MINIMAL, "admission": admission}).values())
     assert "admission.default_model.max_model_len_tokens" in text
-    assert "admission.models.'m'.tokenizer" in text
+    assert "admission.models.m.tokenizer" in text
     assert "max_tokens_policy:" not in text and "default_max_tokens:" not in text
     policy_only = {"default_model": {"max_tokens_policy": "reject", "default_max_tokens": 64}}
     assert (
