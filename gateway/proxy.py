@@ -246,11 +246,11 @@ class Proxy:
             if carry:
                 chunk = carry + chunk
                 carry = b""
-            if not chunk.endswith(b"\n\n"):
-                cut = chunk.rfind(b"\n\n") + 2
+            if not chunk.endswith(b"\n\n") and not chunk.endswith(b"\r\n\r\n"):
+                cut = _events_end(chunk)
                 if len(chunk) - cut < _CARRY_MAX_BYTES:
-                    carry = chunk[cut:] if cut > 1 else chunk
-                    chunk = chunk[:cut] if cut > 1 else b""
+                    carry = chunk[cut:]
+                    chunk = chunk[:cut]
                     if not chunk:
                         continue
             count = chunk.count(b"data: ")
@@ -375,6 +375,13 @@ def _read_usage(request: ProxyRequest, body: bytes) -> None:
         return
     if isinstance(parsed, dict):
         _record_usage(request, parsed.get("usage"))
+
+
+def _events_end(chunk: bytes) -> int:
+    """Where the last whole SSE event in ``chunk`` ends (a blank line, LF or CRLF); 0 when none does."""
+    lf = chunk.rfind(b"\n\n")
+    crlf = chunk.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 def _take_usage(request: ProxyRequest, chunk: bytes, strip: bool) -> bytes:

@@ -1,10 +1,11 @@
 """A replica whose SSE events are cut across writes: the gateway still finds and strips the
-usage-only event, relays every other byte unchanged, and hears every inter-token gap."""
+usage-only event, relays every other byte unchanged, and hears every inter-token gap; a replica
+framing events with CRLF gets each event relayed as soon as it is whole."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import aiohttp
 import orjson
@@ -54,10 +55,9 @@ async def _health(_: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
-@pytest.fixture
-async def splitting_replica() -> AsyncIterator[str]:
+async def _serve(chat: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
     app = web.Application()
-    app.router.add_post("/v1/chat/completions", _chat)
+    app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/health", _health)
     runner = web.AppRunner(app)
     await runner.setup()
@@ -66,6 +66,12 @@ async def splitting_replica() -> AsyncIterator[str]:
     port = runner.addresses[0][1]
     yield f"http://127.0.0.1:{port}"
     await runner.cleanup()
+
+
+@pytest.fixture
+async def splitting_replica() -> AsyncIterator[str]:
+    async for url in _serve(_chat):
+        yield url
 
 
 async def test_usage_event_split_across_writes_is_stripped_and_gaps_counted(splitting_replica: str) -> None:
@@ -87,3 +93,30 @@ async def test_usage_event_split_across_writes_is_stripped_and_gaps_counted(spli
         assert count_line.endswith(f" {float(TOKENS - 1)}"), count_line
         p95 = gw.gateway.metrics.signals_doc()["pools"]["default"]["itl_p95_s"]
         assert p95 is not None and p95 >= GAP_S
+
+
+async def test_crlf_framed_events_are_relayed_as_soon_as_each_is_whole() -> None:
+    seen_first = asyncio.Event()
+    first, rest = b'data: {"n": 1}\r\n\r\n', b'data: {"n": 2}\r\n\r\ndata: [DONE]\r\n\r\n'
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(first)
+        await asyncio.wait_for(seen_first.wait(), timeout=10.0)
+        await response.write(rest)
+        await response.write_eof()
+        return response
+
+    async for url in _serve(chat):
+        config = gateway_config([url])
+        async with running_gateway(config) as gw, aiohttp.ClientSession() as client:
+            messages = [{"role": "user", "content": "hi"}]
+            body = {"model": MODEL, "max_tokens": 4, "stream": True, "messages": messages}
+            async with client.post(gw.url + "/v1/chat/completions", json=body) as response:
+                received = await response.content.readany()
+                seen_first.set()
+                received += await response.read()
+            assert received == first + rest
+            await assert_idle(gw)
