@@ -394,8 +394,15 @@ class KvgateDecider:
         self.health.remove(replica_id)
 
     def first_token(self, request: ProxyRequest, replica: ReplicaState, now_s: float) -> None:
+        """The first token reached the client. A stream's TTFT is recorded now, so the ``/signals``
+        window does not lag by the whole generation; a whole response's goes with its other
+        measurements in ``finished`` (one metrics call)."""
         self._state.ledger.first_token(request.request_id)
-        ttft_s = request.ttft_s = now_s - request.arrived_s
+        ttft_s = now_s - request.arrived_s
+        if request.stream:
+            self._metrics.observe_ttft(replica.pool, request.model, ttft_s)
+        else:
+            request.ttft_s = ttft_s
         previous = replica.ttft_ewma_s
         replica.ttft_ewma_s = (
             ttft_s if previous is None else previous + _TTFT_EWMA_WEIGHT * (ttft_s - previous)

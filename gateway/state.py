@@ -66,8 +66,8 @@ class ProxyRequest:
     """The replica's own count, from ``usage``."""
     completion_tokens: int | None = None
     ttft_s: float | None = None
-    """Time to its first token, until the metrics hear it (at the end of the response, or at
-    release when the response broke off)."""
+    """A non-streamed response's time to first token, until the metrics hear it (with the rest of
+    the response's measurements, or at release when sending it to the client failed)."""
 
 
 @dataclass(slots=True, eq=False)

@@ -1,6 +1,7 @@
 """A replica whose SSE events are cut across writes: the gateway still finds and strips the
 usage-only event, relays every other byte unchanged, and hears every inter-token gap; a replica
-framing events with CRLF gets each event relayed as soon as it is whole."""
+framing events with CRLF gets each event relayed as soon as it is whole, and a stream's TTFT is
+recorded while it is still streaming."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ async def test_usage_event_split_across_writes_is_stripped_and_gaps_counted(spli
         assert p95 is not None and p95 >= GAP_S
 
 
-async def test_crlf_framed_events_are_relayed_as_soon_as_each_is_whole() -> None:
+async def test_crlf_framed_events_are_relayed_whole_and_ttft_is_recorded_mid_stream() -> None:
     seen_first = asyncio.Event()
     first, rest = b'data: {"n": 1}\r\n\r\n', b'data: {"n": 2}\r\n\r\ndata: [DONE]\r\n\r\n'
 
@@ -116,7 +117,12 @@ async def test_crlf_framed_events_are_relayed_as_soon_as_each_is_whole() -> None
             body = {"model": MODEL, "max_tokens": 4, "stream": True, "messages": messages}
             async with client.post(gw.url + "/v1/chat/completions", json=body) as response:
                 received = await response.content.readany()
+                exposition = gw.gateway.metrics.render().decode()
                 seen_first.set()
                 received += await response.read()
             assert received == first + rest
             await assert_idle(gw)
+        ttft_count = next(
+            x for x in exposition.splitlines() if x.startswith("kvgate_time_to_first_token_seconds_count{")
+        )
+        assert ttft_count.endswith(" 1.0"), "a stream's TTFT is recorded at its first token"
