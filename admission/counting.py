@@ -5,7 +5,7 @@ configured kind picks an implementation of the ``Tokenizer`` seam; nothing is fe
 time (a named tiktoken encoding comes from an installed package, files are local). The replica's
 own ``/tokenize`` is exact but is a network round trip, so it lives at the edge: for that kind
 ``tokenizer_for`` returns None and the edge asks the replica, falling back to a bytes estimate.
-Counting a large prompt is CPU work; the edge runs ``count_prompt`` off its event loop.
+Encoding a large prompt is CPU work; the edge runs ``encode_prompt`` off its event loop.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from admission.tokenizer import (
     HuggingFaceTokenizer,
     TiktokenTokenizer,
     Tokenizer,
-    count_chat,
     prompt_text,
 )
 from config.schema import ChatTemplate as ChatTemplateConfig
@@ -43,17 +42,21 @@ def template_for(config: ChatTemplateConfig) -> ChatTemplate:
     return ChatTemplate(config.message_prefix, config.message_suffix, config.generation_prompt, config.bos)
 
 
-def count_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> int:
-    """Prompt tokens of a chat (``messages``, after the template) or completions (``prompt``) body.
-
-    A completions prompt given as token ids counts its ids.
-    """
+def prompt_of(body: Mapping[str, Any], template: ChatTemplate) -> str | list[int]:
+    """What to tokenise in a request body: a chat's ``messages`` after the template, a completions
+    ``prompt`` as text, or the token ids a completions client sent itself (counted as they are)."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        return count_chat(tokenizer, [m for m in messages if isinstance(m, Mapping)], template)
+        return template.render([m for m in messages if isinstance(m, Mapping)])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
+        return list(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-        return sum(len(p) for p in prompt)
-    return tokenizer.count(prompt_text(prompt))
+        return [t for p in prompt for t in p if isinstance(t, int)]
+    return prompt_text(prompt)
+
+
+def encode_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> list[int]:
+    """The prompt's token ids: what the KV cost counts and the prefix hashes chain over."""
+    prompt = prompt_of(body, template)
+    return prompt if isinstance(prompt, list) else tokenizer.encode(prompt)

@@ -30,7 +30,6 @@ from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
 from admission.promises import fingerprint, retry_count
 from admission.retry_after import ServiceRates
-from config.admission import AdmissionConfig
 from config.schema import GatewayConfig
 from gateway.errors import BadRequest, GatewayError, ServiceUnavailable, TooManyRequests, Unauthorized
 from gateway.metrics import GatewayMetrics
@@ -56,18 +55,6 @@ class Route:
 @dataclass(frozen=True, slots=True)
 class Refusal:
     error: GatewayError
-
-
-def admission_config(config: GatewayConfig) -> AdmissionConfig:
-    """The admission section with each model's window and KV size taken from ``models[]``."""
-    admission = config.admission
-    rules = {
-        m.name: admission.model_rules(m.name).model_copy(
-            update={"max_model_len_tokens": m.max_model_len, "kv_bytes_per_token": m.kv_bytes}
-        )
-        for m in config.models
-    }
-    return admission.model_copy(update={"models": rules})
 
 
 def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -99,7 +86,7 @@ class KvgateDecider:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
-        self._config = admission_config(config)
+        self._config = config.admission
         self._metrics = metrics
         self._clock = clock
         self.controller = AdmissionController(self._config, state.ledger)

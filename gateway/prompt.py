@@ -17,62 +17,19 @@ from typing import Any
 
 import aiohttp
 
-from admission.tokenizer import (
-    BytesEstimateTokenizer,
-    ChatTemplate,
-    HuggingFaceTokenizer,
-    TiktokenTokenizer,
-    Tokenizer,
-    prompt_text,
-)
+from admission.counting import encode_prompt, prompt_of, template_for, tokenizer_for
+from admission.tokenizer import prompt_text
 from config.schema import Model
 
 OFF_LOOP_TEXT_BYTES = 32 * 1024
 CACHED_PROMPTS = 1024
 
 
-def tokenizer_of(model: Model) -> Tokenizer | None:
-    """The model's local tokeniser; None for kind ``replica``."""
-    config = model.tokenizer
-    if config.kind == "tiktoken":
-        return TiktokenTokenizer.from_name(config.encoding)
-    if config.kind == "tiktoken_file":
-        return TiktokenTokenizer.from_bpe_file(config.path)
-    if config.kind == "huggingface":
-        return HuggingFaceTokenizer.from_file(config.path)
-    if config.kind == "bytes":
-        return BytesEstimateTokenizer(config.bytes_per_token)
-    return None
-
-
-def template_of(model: Model) -> ChatTemplate:
-    t = model.chat_template
-    return ChatTemplate(t.message_prefix, t.message_suffix, t.generation_prompt, t.bos)
-
-
-def _prompt(body: Mapping[str, Any], template: ChatTemplate) -> str | list[int]:
-    """The text to tokenise, or the token ids the client sent itself."""
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        return template.render([m for m in messages if isinstance(m, Mapping)])
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return list(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-        return [t for p in prompt for t in p if isinstance(t, int)]
-    return prompt_text(prompt)
-
-
-def _encode(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> list[int]:
-    prompt = _prompt(body, template)
-    return prompt if isinstance(prompt, list) else tokenizer.encode(prompt)
-
-
 class PromptEncoder:
     """Token ids of a request body, per model."""
 
     def __init__(self, models: Sequence[Model]) -> None:
-        self._local = {m.name: (tokenizer_of(m), template_of(m)) for m in models}
+        self._local = {m.name: (tokenizer_for(m.tokenizer), template_for(m.chat_template)) for m in models}
         self._cache: dict[tuple[str, str], list[int]] = {}
 
     def is_local(self, model: str) -> bool:
@@ -91,8 +48,8 @@ class PromptEncoder:
         if tokenizer is None:
             return await _replica_tokens(session, url, model, body)
         if raw_size_bytes > OFF_LOOP_TEXT_BYTES:
-            return await asyncio.to_thread(_encode, body, tokenizer, template)
-        prompt = _prompt(body, template)
+            return await asyncio.to_thread(encode_prompt, body, tokenizer, template)
+        prompt = prompt_of(body, template)
         if isinstance(prompt, list):
             return prompt
         cache = self._cache

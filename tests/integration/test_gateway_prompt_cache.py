@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import aiohttp
 
+from admission.counting import template_for
 from admission.tokenizer import TiktokenTokenizer
-from gateway.prompt import CACHED_PROMPTS, PromptEncoder, template_of
+from gateway.prompt import CACHED_PROMPTS, PromptEncoder
 from tests.integration.conftest import MODEL, gateway_config
 
 
@@ -13,7 +14,7 @@ async def test_repeated_prompt_is_tokenised_once_and_the_cache_is_bounded() -> N
     model = gateway_config(["http://127.0.0.1:1"]).models[0]
     encoder = PromptEncoder([model])
     expected = TiktokenTokenizer.from_name().encode(
-        template_of(model).render([{"role": "user", "content": "hello there"}])
+        template_for(model.chat_template).render([{"role": "user", "content": "hello there"}])
     )
 
     def chat(text: str) -> dict[str, object]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from admission.counting import count_prompt, template_for, tokenizer_for
+from admission.counting import encode_prompt, template_for, tokenizer_for
 from admission.tokenizer import BytesEstimateTokenizer, HuggingFaceTokenizer, TiktokenTokenizer
 from config.schema import (
     BytesTokenizer,
@@ -44,7 +44,7 @@ def test_chat_is_counted_after_the_template() -> None:
             {"role": "system", "content": [{"type": "text", "text": "x"}]},
         ]
     }
-    assert count_prompt(body, tokenizer, template) == len("[user]hi|[system]x|A:")
+    assert len(encode_prompt(body, tokenizer, template)) == len("[user]hi|[system]x|A:")
 
 
 @pytest.mark.parametrize(
@@ -52,9 +52,8 @@ def test_chat_is_counted_after_the_template() -> None:
     [("abcd", 4), (["ab", "cd"], 4), ([1, 2, 3], 3), ([[1, 2], [3]], 3), (None, 0)],
 )
 def test_completions_prompts(prompt: object, expected: int) -> None:
-    assert (
-        count_prompt({"prompt": prompt}, BytesEstimateTokenizer(1), template_for(ChatTemplate())) == expected
-    )
+    ids = encode_prompt({"prompt": prompt}, BytesEstimateTokenizer(1), template_for(ChatTemplate()))
+    assert len(ids) == expected
 
 
 @pytest.mark.skipif(HAS_TOKENIZERS, reason="the 'hf' extra is installed")
