@@ -15,7 +15,7 @@ p95 inter-token gap, the fleet's prefix-cache hit rate over the run (the replica
 (``kvgate_sim_lag_ratio``, the worst replica) and whether the generator kept its schedule and was
 CPU-bound (the runner's own report). A PNG shows goodput, hit rate and the TTFT CDFs. Not a test.
 
-    python -m loadtest.bench_goodput [--replicas 4] [--rate 10] [--duration-s 36] [--slices 3]
+    python -m loadtest.bench_goodput [--replicas 4] [--rate 16] [--duration-s 36] [--slices 3]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.compare import ratios, run_compare, summaries_for
-from loadtest.report import Slo, Summary
+from loadtest.report import Slo, Summary, class_table
 from loadtest.runner import RunOptions, RunResult, Target
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from loadtest.workload import Workload, build_trace, parse_workload
@@ -323,6 +323,7 @@ async def bench(args: argparse.Namespace) -> None:
             PolicyRun(policy, summary, result, hits / queries if queries else 0.0, after[policy].lag_ratio)
         )
     print_table(runs, slo)
+    print("\nby request class:\n" + class_table(results, slo))
     plot(runs, slo, args.png)
     print(f"\nplot: {args.png}")
 
@@ -330,7 +331,7 @@ async def bench(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--replicas", type=int, default=4, help="replicas per fleet (default 4)")
-    parser.add_argument("--rate", type=float, default=10.0, help="offered requests/s (default 10)")
+    parser.add_argument("--rate", type=float, default=16.0, help="offered requests/s (default 16)")
     parser.add_argument("--duration-s", type=float, default=36.0, help="trace length (default 36)")
     parser.add_argument("--slices", type=int, default=3, help="interleaved slices (default 3)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="simulator time scale (default 1)")
