@@ -15,15 +15,21 @@ from loadtest.sim.replica import SimReplica
 from routing.health import HealthState
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
-WARMUP_S = 2.4
-RAMP = {"warmup_s": WARMUP_S, "min_ratio": 0.1, "aggression": 1.0}
-WINDOW_ENDS = (WARMUP_S / 3, 2 * WARMUP_S / 3, WARMUP_S, 4 * WARMUP_S / 3)
-"""Ends of the windows, in seconds since the added replica became ready."""
+WARMUP_S = 3.0
+RAMP = {"warmup_s": WARMUP_S, "min_ratio": 0.1, "aggression": 0.5}
+WINDOW_ENDS = (WARMUP_S / 4, WARMUP_S / 2, 3 * WARMUP_S / 4, WARMUP_S, 4 * WARMUP_S / 3)
+"""Ends of the windows, in seconds since the added replica became ready: the first quarter of the
+warm-up (early), the second and third (middle), the last quarter and a third after it (late)."""
 WORKERS = 4
 
 
 def served(replica: SimReplica) -> int:
     return sum(replica.engine.stats.request_success.values())
+
+
+def share(counts: list[tuple[int, int]]) -> float:
+    """The added replica's share of the requests of several windows together."""
+    return sum(to_added for to_added, _ in counts) / sum(total for _, total in counts)
 
 
 async def stream_until(http: httpx.AsyncClient, end_s: float, first_index: int) -> int:
@@ -65,17 +71,19 @@ async def test_an_added_replica_takes_a_share_that_ramps_up_to_its_fair_share() 
             assert answer.status_code == 200, answer.text
             assert added.url in {r["url"] for r in answer.json()["replicas"]}
             start_s = await ready_since_s(gw, added.url)
-            shares = []
+            counts = []
             index = 1_000_000
             for end_s in WINDOW_ENDS:
                 before_added, before_all = served(added), sum(served(r) for r in fleet.replicas)
                 index += await stream_until(http, start_s + end_s, index)
-                total = sum(served(r) for r in fleet.replicas) - before_all
-                assert total > 0
-                shares.append((served(added) - before_added) / total)
+                counts.append(
+                    (served(added) - before_added, sum(served(r) for r in fleet.replicas) - before_all)
+                )
             await assert_idle(gw)
+    shares = [to_added / total for to_added, total in counts]
+    print("added replica's share per window:", " ".join(f"{s:.3f}" for s in shares), "requests:", counts)
     fair = 1 / 3
-    print("added replica's share per window:", " ".join(f"{s:.3f}" for s in shares))
-    assert shares[0] < fair / 2, shares
-    assert shares[0] < shares[1] and shares[0] < shares[3], shares
-    assert shares[3] > fair / 2, shares
+    early, middle, late = share(counts[:1]), share(counts[1:3]), share(counts[3:])
+    assert early < fair / 2, shares
+    assert early < late and middle < late, shares
+    assert late > fair / 2, shares
