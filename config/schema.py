@@ -136,6 +136,14 @@ class Coordination(Section):
     interval_s: float = Field(
         default=0.5, gt=0, description="Seconds between syncs with Redis. Default 0.5. Example: 1"
     )
+    namespace: str = Field(
+        default="kvgate",
+        min_length=1,
+        description=(
+            "Key prefix in Redis: gateways in front of one fleet share it, another fleet on the same "
+            "Redis uses its own. Default kvgate. Example: kvgate-prod-llama"
+        ),
+    )
 
 
 class TiktokenTokenizer(Section):

@@ -86,6 +86,7 @@ class Gateway:
                 self._local_loads,
                 interval_s=coordination.interval_s,
                 lease_s=coordination.lease_s,
+                namespace=coordination.namespace,
             )
             await self.coordinator.start()
             self.decider.foreign_loads = self.coordinator.foreign_loads

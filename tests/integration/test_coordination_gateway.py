@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -26,14 +27,14 @@ LATE_MAX_TOKENS = KV_CAPACITY_TOKENS - HOLDERS * (PROMPT_TOKENS + HOLD_MAX_TOKEN
 FAST_SYNC = {"interval_s": 0.05, "lease_s": 2.0}
 
 
-def config_for(fleet: SimFleet, redis_url: str) -> Any:
+def config_for(fleet: SimFleet, redis_url: str, namespace: str) -> Any:
     pool = {"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": KV_CAPACITY_TOKENS}
     return gateway_config(
         fleet.urls,
         pools=[pool],
         routing={"warmup_s": 0},
         admission={"max_queue_wait_s": 60},
-        coordination={"redis_url": redis_url, **FAST_SYNC},
+        coordination={"redis_url": redis_url, "namespace": namespace, **FAST_SYNC},
     )
 
 
@@ -49,7 +50,7 @@ def seen_load(gw: RunningGateway, replica_id: str) -> ReplicaLoad:
 
 async def test_reservations_through_one_gateway_hold_requests_back_at_the_other(redis_url: str) -> None:
     async with SimFleet(replicas=1, time_scale=0.1, seed=0, overrides={"warmup_s": 0}) as fleet:
-        config = config_for(fleet, redis_url)
+        config = config_for(fleet, redis_url, f"kvgate-test-{uuid.uuid4().hex[:8]}")
         replica = fleet.urls[0]
         async with (
             running_gateway(config) as gw_a,
