@@ -60,7 +60,12 @@ async def test_work_signals_during_load_and_zero_after() -> None:
             assert replica.scraped is not None
             slack = MAX_SEQS * BLOCK_TOKENS / KV_CAPACITY_TOKENS
             assert replica.scraped.kv_cache_usage_ratio <= estimate + slack, "the estimate is the worst case"
+            before = replica.scraped.kv_cache_usage_ratio
             metrics = (await http.get("/metrics")).text
+            after = replica.scraped.kv_cache_usage_ratio
+            scraped_line = r'^kvgate_replica_kv_occupancy_ratio{[^}]*source="scraped"[^}]*} (\S+)$'
+            exported = re.findall(scraped_line, metrics, re.MULTILINE)
+            assert [float(v) for v in exported] in ([before], [after]), "the replica's own value, as scraped"
             assert gauge(metrics, "kvgate_resident_sequences") == MAX_SEQS
             assert gauge(metrics, "kvgate_queued_requests") == 2
             answers = await asyncio.gather(*load)
@@ -76,6 +81,12 @@ async def test_work_signals_during_load_and_zero_after() -> None:
             ):
                 assert gauge(metrics, name) == 0, name
             assert gauge(metrics, "kvgate_time_to_first_token_seconds_count") == MAX_SEQS + 2
+            replica_metrics = (await http.get(fleet.urls[0] + "/metrics")).text
+            for ours, theirs in (
+                ("kvgate_prompt_tokens_total", "vllm:prompt_tokens_total"),
+                ("kvgate_output_tokens_total", "vllm:generation_tokens_total"),
+            ):
+                assert gauge(metrics, ours) == gauge(replica_metrics, theirs) > 0, (ours, theirs)
             signals = (await http.get("/signals")).json()
             pool_doc = signals["pools"]["default"]
             assert pool_doc["resident_sequences"] == pool_doc["queued_requests"] == 0
