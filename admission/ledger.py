@@ -100,7 +100,7 @@ class InMemoryLedger:
             return False
         held = Reservation(request_id, replica_id, cost, now_s, now_s + self.lease_s)
         self._put(held)
-        self._add(replica_id, held, +1)
+        self._shift(replica_id, cost.prompt_tokens, 1, cost.max_output_tokens, cost.kv_tokens)
         self._push_lease(held)
         return True
 
@@ -108,7 +108,18 @@ class InMemoryLedger:
         held = self._held.get(request_id)
         if held is None or held.first_token_seen:
             return False
-        self._update(held, replace(held, first_token_seen=True))
+        self._put(
+            Reservation(
+                request_id,
+                held.replica_id,
+                held.cost,
+                held.reserved_at_s,
+                held.lease_expires_at_s,
+                True,
+                held.produced_tokens,
+            )
+        )
+        self._shift(held.replica_id, -held.cost.prompt_tokens, 0, 0, 0)
         return True
 
     def produced(self, request_id: str, produced_tokens: int) -> bool:
@@ -118,7 +129,14 @@ class InMemoryLedger:
         total = min(max(produced_tokens, held.produced_tokens), held.cost.max_output_tokens)
         if total == held.produced_tokens and (held.first_token_seen or produced_tokens <= 0):
             return False
-        self._update(held, replace(held, produced_tokens=total, first_token_seen=True))
+        self._put(replace(held, produced_tokens=total, first_token_seen=True))
+        self._shift(
+            held.replica_id,
+            -held.prefill_tokens_pending,
+            0,
+            held.produced_tokens - total,
+            0,
+        )
         return True
 
     def release(self, request_id: str) -> bool:
@@ -126,7 +144,13 @@ class InMemoryLedger:
         if held is None:
             return False
         del self._by_replica[held.replica_id][request_id]
-        self._add(held.replica_id, held, -1)
+        self._shift(
+            held.replica_id,
+            -held.prefill_tokens_pending,
+            -1,
+            -held.remaining_decode_tokens,
+            -held.kv_tokens,
+        )
         return True
 
     def renew(self, request_id: str, now_s: float) -> bool:
@@ -177,20 +201,24 @@ class InMemoryLedger:
         self._held[held.request_id] = held
         self._by_replica.setdefault(held.replica_id, {})[held.request_id] = held
 
-    def _update(self, old: Reservation, new: Reservation) -> None:
-        self._add(old.replica_id, old, -1)
-        self._put(new)
-        self._add(new.replica_id, new, +1)
-
-    def _add(self, replica_id: str, held: Reservation, sign: int) -> None:
-        one = ReplicaLoad(
-            prefill_tokens_pending=held.prefill_tokens_pending,
-            resident_sequences=1,
-            remaining_decode_tokens=held.remaining_decode_tokens,
-            reserved_kv_tokens=held.kv_tokens,
+    def _shift(
+        self, replica_id: str, prefill_tokens: int, sequences: int, decode_tokens: int, kv_tokens: int
+    ) -> None:
+        """Move ``replica_id``'s sums by the given deltas: one ``ReplicaLoad`` per change, and a
+        replica whose sums are all zero has no entry (so ``load`` hands out the shared empty one)."""
+        old = self._loads.get(replica_id, _EMPTY)
+        load = ReplicaLoad(
+            old.prefill_tokens_pending + prefill_tokens,
+            old.resident_sequences + sequences,
+            old.remaining_decode_tokens + decode_tokens,
+            old.reserved_kv_tokens + kv_tokens,
         )
-        load = _sum(self._loads.get(replica_id, _EMPTY), one, sign)
-        if load == _EMPTY:
+        if (
+            load.resident_sequences == 0
+            and load.prefill_tokens_pending == 0
+            and load.remaining_decode_tokens == 0
+            and load.reserved_kv_tokens == 0
+        ):
             self._loads.pop(replica_id, None)
             self._by_replica.pop(replica_id, None)
         else:
