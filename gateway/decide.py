@@ -342,9 +342,7 @@ class KvgateDecider:
         return route
 
     def release(self, request: ProxyRequest, route: Route) -> None:
-        reservation = self._state.ledger.get(request.request_id)
-        if reservation is not None:
-            self._state.ledger.release(request.request_id)
+        self._state.ledger.release(request.request_id)
         if request.ttft_s is not None:
             self._metrics.observe_ttft(route.replica.pool, request.model, request.ttft_s)
         admission = request.admission

@@ -80,6 +80,7 @@ _USAGE_ONLY = b'"choices":[]'
 _CARRY_MAX_BYTES = 1 << 20
 """An unfinished event longer than this is relayed as it is rather than held back."""
 _DONE_EVENT = b"data: [DONE]\n\n"
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
 
 class Proxy:
@@ -246,7 +247,7 @@ class Proxy:
             if carry:
                 chunk = carry + chunk
                 carry = b""
-            if not chunk.endswith(b"\n\n") and not chunk.endswith(b"\r\n\r\n"):
+            if not chunk.endswith(_EVENT_ENDS):
                 cut = _events_end(chunk)
                 if len(chunk) - cut < _CARRY_MAX_BYTES:
                     carry = chunk[cut:]
@@ -434,7 +435,7 @@ def request_id_of(scope: Scope) -> str:
 
 
 def _relay_headers(raw: tuple[tuple[bytes, bytes], ...], request_id: str) -> list[tuple[bytes, bytes]]:
-    headers = [(name.lower(), value) for name, value in raw if name.lower() not in _NOT_RELAYED]
+    headers = [(low, value) for name, value in raw if (low := name.lower()) not in _NOT_RELAYED]
     headers.append((REQUEST_ID_HEADER, request_id.encode("latin-1")))
     return headers
 
