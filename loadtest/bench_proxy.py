@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -234,7 +235,8 @@ async def run(
     backend_ports = free_ports(4)
     (gateway_port,) = free_ports(1)
     gateway_url = f"http://127.0.0.1:{gateway_port}"
-    profiler = ["py-spy", "record", "-o", profile_out, "-f", "raw", "-r", "250", "--"] if profile_out else []
+    py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    profiler = [py_spy, "record", "-o", profile_out, "-f", "raw", "-r", "250", "--"] if profile_out else []
     processes: list[subprocess.Popen[str]] = []
     try:
         processes.append(_spawn(["--backend", ",".join(map(str, backend_ports))]))
