@@ -129,7 +129,17 @@ class InMemoryLedger:
         total = min(max(produced_tokens, held.produced_tokens), held.cost.max_output_tokens)
         if total == held.produced_tokens and (held.first_token_seen or produced_tokens <= 0):
             return False
-        self._put(replace(held, produced_tokens=total, first_token_seen=True))
+        self._put(
+            Reservation(
+                request_id,
+                held.replica_id,
+                held.cost,
+                held.reserved_at_s,
+                held.lease_expires_at_s,
+                True,
+                total,
+            )
+        )
         self._shift(
             held.replica_id,
             -held.prefill_tokens_pending,
