@@ -137,8 +137,11 @@ def translate_upstream(exc: BaseException, replica_url: str) -> GatewayError:
     return InternalError("internal gateway error")
 
 
-def upstream_status_error(status: int, replica_url: str, body: bytes) -> GatewayError:
-    """A replica's 5xx answer as a gateway error, keeping the replica's own message when it has one."""
+def upstream_status_error(
+    status: int, replica_url: str, body: bytes, retry_after_s: float | None = None
+) -> GatewayError:
+    """A replica's 429 or 5xx answer as a gateway error, keeping the replica's own message when it
+    has one. A 429 is the replica's backpressure: it stays a 429, with the replica's Retry-After."""
     detail = ""
     try:
         parsed = orjson.loads(body)
@@ -148,6 +151,9 @@ def upstream_status_error(status: int, replica_url: str, body: bytes) -> Gateway
     except orjson.JSONDecodeError:
         detail = body[:200].decode(errors="replace")
     suffix = f": {detail}" if detail else ""
+    if status == 429:
+        message = f"replica {replica_url} is saturated (429){suffix}"
+        return TooManyRequests(message, retry_after_s=retry_after_s)
     if status == 503:
         return ServiceUnavailable(f"replica {replica_url} is unavailable (503){suffix}", retry_after_s=1.0)
     if status == 504:

@@ -167,9 +167,9 @@ class Proxy:
                 )
                 status = response.status
                 if status >= 500 or status == 429:
-                    decider.observe(replica, status, _retry_after_s(response.headers.get("retry-after")))
-                if status >= 500:
-                    raise upstream_status_error(status, replica_url, await response.read())
+                    retry_after_s = _retry_after_s(response.headers.get("retry-after"))
+                    decider.observe(replica, status, retry_after_s)
+                    raise upstream_status_error(status, replica_url, await response.read(), retry_after_s)
                 headers = _relay_headers(response.raw_headers, request.request_id)
                 if not request.stream or status != 200:
                     body = await response.read()
@@ -195,7 +195,7 @@ class Proxy:
             raise
         except Exception as exc:
             error = translate_upstream(exc, replica_url)
-            if response is None or response.status < 500:
+            if response is None or (response.status < 500 and response.status != 429):
                 decider.observe(replica, None)
             if not request.response_started:
                 return error
