@@ -16,13 +16,13 @@ from loadtest.workload import Trace, build_trace, parse_workload
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 REPLICAS = 4
-CONCURRENCY = 2
+CONCURRENCY = 1
 SHARED_PREFIX = parse_workload(
     {
         "name": "shared-prefix-small",
         "api": "chat",
         "concurrency": CONCURRENCY,
-        "max_requests": 32,
+        "max_requests": 64,
         "classes": [
             {
                 "name": "session",
