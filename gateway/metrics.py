@@ -3,17 +3,18 @@
 ``GatewayMetrics`` owns its own ``CollectorRegistry`` (never the process-global one, so tests can
 build many). Per-request events go through ``observe_*`` / ``count_*`` methods: each is one call on
 the hot path, touches a cached labelled child and the matching ``SignalsWindow`` slot, and never
-allocates a new label set after the first request of a pool and model. The latency histograms are
-kvgate's own collectors (``_BucketHistogram``): an observation is one ``bisect`` and two additions on
-the event loop, and a stream's inter-token gaps arrive in one call at its end and are binned in one
-pass, not one ``observe`` per token; their exposition is exactly what ``prometheus_client.Histogram``
-writes. ``record_response`` carries everything a finished response reports (TTFT, duration, gaps,
-tokens) in one call with one clock read. Work gauges (tokens queued,
-pending, resident, KV occupancy, replica readiness) are not pushed: a collector asks the gateway's
-``PoolWorkSource`` at scrape time, so they are always current and drop to zero when the gateway is
-idle. Names follow Prometheus conventions: ``kvgate_<thing>_<unit>``, base units, ``_total``
-counters; labels are ``pool`` and ``model``, ``replica`` only on per-replica gauges, and ``reason``
-only from the decision cores' bounded sets.
+allocates a new label set after the first request of a pool and model. The latency histograms and
+the counters are kvgate's own collectors (``_BucketHistogram``, ``_Counter``): an observation is one
+``bisect`` and two additions, an increment one addition, on the event loop and without the lock
+``prometheus_client`` takes on every call; a stream's inter-token gaps arrive in one call at its end
+and are binned in one pass, not one ``observe`` per token. Their exposition is exactly what
+``prometheus_client.Histogram`` and ``Counter`` write. ``record_response`` carries everything a
+finished response reports (TTFT, duration, gaps, tokens) in one call with one clock read. Work
+gauges (tokens queued, pending, resident, KV occupancy, replica readiness) are not pushed: a
+collector asks the gateway's ``PoolWorkSource`` at scrape time, so they are always current and drop
+to zero when the gateway is idle. Names follow Prometheus conventions: ``kvgate_<thing>_<unit>``,
+base units, ``_total`` counters; labels are ``pool`` and ``model``, ``replica`` only on per-replica
+gauges, and ``reason`` only from the decision cores' bounded sets.
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from gateway.signals import Clock, PoolWindows, PoolWork, PoolWorkSource, SignalsWindow
+from gateway.signals import (
+    Clock,
+    CountWindow,
+    LatencyWindow,
+    PoolWindows,
+    PoolWork,
+    PoolWorkSource,
+    SignalsWindow,
+)
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -249,6 +258,52 @@ class _BucketHistogram(Collector):
         return [histogram, created]
 
 
+class _Count:
+    """One label set of a counter: its value (a float, as ``prometheus_client`` keeps it) and creation."""
+
+    __slots__ = ("created_s", "labels", "value")
+
+    def __init__(self, labels: dict[str, str]) -> None:
+        self.labels = labels
+        self.value = 0.0
+        self.created_s = time.time()
+
+    def inc(self, amount: float = 1) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+
+class _Counter(Collector):
+    """A labelled counter written exactly as ``prometheus_client.Counter`` writes it (``_total`` and
+    ``_created`` per label set), incremented without a lock for the reason ``_BucketHistogram`` gives."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
+    ) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._labelnames = tuple(labelnames)
+        self._children: dict[tuple[str, ...], _Count] = {}
+        registry.register(self)
+
+    def labels(self, *values: str) -> _Count:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = _Count(dict(zip(self._labelnames, values, strict=True)))
+        return child
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(self._name, self._documentation, "counter")]
+
+    def collect(self) -> Iterable[Metric]:
+        counter = Metric(self._name, self._documentation, "counter")
+        for child in list(self._children.values()):
+            counter.add_sample(self._name + "_total", child.labels, child.value)
+            counter.add_sample(self._name + "_created", child.labels, child.created_s)
+        return [counter]
+
+
 @dataclass(frozen=True, slots=True)
 class _Series:
     """Every labelled child and window one (pool, model) pair's events touch, looked up once."""
@@ -257,9 +312,21 @@ class _Series:
     itl: _Buckets
     queue_wait: _Buckets
     e2e: _Buckets
-    prompt_tokens: Any
-    output_tokens: Any
+    prompt_tokens: _Count
+    output_tokens: _Count
     windows: PoolWindows
+    ttft_window: LatencyWindow
+    itl_window: LatencyWindow
+    queue_wait_window: LatencyWindow
+    e2e_window: LatencyWindow
+
+
+@dataclass(frozen=True, slots=True)
+class _Decisions:
+    """One (pool, model, decision, reason)'s counter and its pool's ``/signals`` decision window."""
+
+    count: _Count
+    window: CountWindow
 
 
 class _NoWork:
@@ -320,19 +387,19 @@ class GatewayMetrics:
             buckets=TOKENIZER_RATIO_BUCKETS,
             registry=r,
         )
-        self._decisions = Counter(
+        self._decisions = _Counter(
             "kvgate_admission_decisions",
             "Admission decisions by outcome (admit, queue, reject) and reason.",
             ["pool", "model", "decision", "reason"],
             registry=r,
         )
-        self._prompt_tokens = Counter(
+        self._prompt_tokens = _Counter(
             "kvgate_prompt_tokens", "Prompt tokens of requests served (replica's count).", pm, registry=r
         )
-        self._output_tokens = Counter(
+        self._output_tokens = _Counter(
             "kvgate_output_tokens", "Output tokens streamed back to clients.", pm, registry=r
         )
-        self._children: dict[tuple[object, ...], Any] = {}
+        self._decided: dict[tuple[str, str, str, str], _Decisions] = {}
         self._series: dict[tuple[str, str], _Series] = {}
         self._clock = clock
         r.register(_WorkCollector(self))
@@ -343,12 +410,14 @@ class GatewayMetrics:
     def pool_work(self) -> Iterable[PoolWork]:
         return self._source.pool_work()
 
-    def _child(self, metric: Any, *labels: str) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*labels)
-        return child
+    def _decisions_for(self, pool: str, model: str, decision: str, reason: str) -> _Decisions:
+        key = (pool, model, decision, reason)
+        decided = self._decided.get(key)
+        if decided is None:
+            decided = self._decided[key] = _Decisions(
+                self._decisions.labels(*key), self.signals.decision_window(pool, decision)
+            )
+        return decided
 
     def _series_for(self, pool: str, model: str) -> _Series:
         series = self._series.get((pool, model))
@@ -362,13 +431,17 @@ class GatewayMetrics:
                 prompt_tokens=self._prompt_tokens.labels(pool, model),
                 output_tokens=self._output_tokens.labels(pool, model),
                 windows=windows,
+                ttft_window=windows.latency["ttft"],
+                itl_window=windows.latency["itl"],
+                queue_wait_window=windows.latency["queue_wait"],
+                e2e_window=windows.latency["e2e"],
             )
         return series
 
     def observe_ttft(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         self._ttft.observe(series.ttft, seconds)
-        series.windows.latency["ttft"].observe(seconds, self._clock())
+        series.ttft_window.observe(seconds, self._clock())
 
     def observe_itl(self, pool: str, model: str, seconds: float) -> None:
         self.observe_itl_gaps(pool, model, (seconds,))
@@ -379,17 +452,17 @@ class GatewayMetrics:
             return
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         self._itl.observe_many(series.itl, gaps_s)
-        series.windows.latency["itl"].observe_many(gaps_s, self._clock())
+        series.itl_window.observe_many(gaps_s, self._clock())
 
     def observe_queue_wait(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         self._queue_wait.observe(series.queue_wait, seconds)
-        series.windows.latency["queue_wait"].observe(seconds, self._clock())
+        series.queue_wait_window.observe(seconds, self._clock())
 
     def observe_e2e(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         self._e2e.observe(series.e2e, seconds)
-        series.windows.latency["e2e"].observe(seconds, self._clock())
+        series.e2e_window.observe(seconds, self._clock())
 
     def record_response(
         self,
@@ -407,18 +480,17 @@ class GatewayMetrics:
         counts (None when it reported none) beside kvgate's prompt estimate."""
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         now_s = self._clock()
-        windows = series.windows
-        latency = windows.latency
         if ttft_s is not None:
             self._ttft.observe(series.ttft, ttft_s)
-            latency["ttft"].observe(ttft_s, now_s)
+            series.ttft_window.observe(ttft_s, now_s)
         self._e2e.observe(series.e2e, e2e_s)
-        latency["e2e"].observe(e2e_s, now_s)
+        series.e2e_window.observe(e2e_s, now_s)
         if itl_gaps_s:
             self._itl.observe_many(series.itl, itl_gaps_s)
-            latency["itl"].observe_many(itl_gaps_s, now_s)
+            series.itl_window.observe_many(itl_gaps_s, now_s)
         if prompt_tokens is None:
             return
+        windows = series.windows
         series.prompt_tokens.inc(prompt_tokens)
         series.output_tokens.inc(output_tokens)
         windows.prompt_tokens.add(prompt_tokens, now_s)
@@ -430,19 +502,25 @@ class GatewayMetrics:
 
     def count_admitted(self, pool: str, model: str, reason: str, queue_wait_s: float | None) -> None:
         """One admission, with its queue wait (None: not observed here)."""
-        self._child(self._decisions, pool, model, "admit", reason).inc()
+        decided = self._decided.get((pool, model, "admit", reason)) or self._decisions_for(
+            pool, model, "admit", reason
+        )
+        decided.count.value += 1
         now_s = self._clock()
+        decided.window.add(1, now_s)
         series = self._series.get((pool, model)) or self._series_for(pool, model)
-        self.signals.count_decision(pool, "admit", now_s)
         if queue_wait_s is not None:
             self._queue_wait.observe(series.queue_wait, queue_wait_s)
-            series.windows.latency["queue_wait"].observe(queue_wait_s, now_s)
+            series.queue_wait_window.observe(queue_wait_s, now_s)
 
     def count_decision(self, decision: str, reason: str, *, pool: str = "", model: str = "") -> None:
         """One admission outcome; ``pool``/``model`` empty when the request never reached a pool
         (e.g. a 400 for an unknown model)."""
-        self._child(self._decisions, pool, model, decision, reason).inc()
-        self.signals.count_decision(pool, decision)
+        decided = self._decided.get((pool, model, decision, reason)) or self._decisions_for(
+            pool, model, decision, reason
+        )
+        decided.count.value += 1
+        decided.window.add(1, self._clock())
 
     def count_tokens(self, pool: str, model: str, prompt_tokens: int, output_tokens: int) -> None:
         """Tokens of one finished request (call once per request, at its end)."""

@@ -255,11 +255,15 @@ class SignalsWindow:
         windows.requests.add(1, now_s)
 
     def count_decision(self, pool: str, decision: str, now_s: float | None = None) -> None:
+        self.decision_window(pool, decision).add(1, self._clock() if now_s is None else now_s)
+
+    def decision_window(self, pool: str, decision: str) -> CountWindow:
+        """The window counting ``decision`` outcomes in ``pool`` (created on first use)."""
         decisions = self.pool_windows(pool).decisions
         window = decisions.get(decision)
         if window is None:
             window = decisions[decision] = CountWindow(self.window_s)
-        window.add(1, self._clock() if now_s is None else now_s)
+        return window
 
     def set_desired(self, pool: str, replicas: int, reason: str) -> None:
         self._desired[pool] = Desired(replicas, reason, self._clock())

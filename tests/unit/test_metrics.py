@@ -146,12 +146,13 @@ def test_instances_do_not_share_a_registry() -> None:
 
 def test_labelled_children_are_cached() -> None:
     metrics = populated()
-    before = (len(metrics._children), len(metrics._series))
+    before = (len(metrics._decided), len(metrics._series))
     for _ in range(100):
         metrics.observe_ttft("decode", MODEL, 0.1)
         metrics.count_tokens("decode", MODEL, 1, 1)
         metrics.count_decision("admit", "fits", pool="decode", model=MODEL)
-    assert (len(metrics._children), len(metrics._series)) == before
+        metrics.count_admitted("decode", MODEL, "fits", 0.1)
+    assert (len(metrics._decided), len(metrics._series)) == before
 
 
 def test_every_metric_is_documented() -> None:
@@ -208,3 +209,46 @@ def test_histograms_are_written_as_prometheus_client_writes_them() -> None:
         ]
 
     assert itl_lines(metrics.render()) == itl_lines(generate_latest(registry))
+
+
+def test_counters_are_written_as_prometheus_client_writes_them() -> None:
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    metrics = GatewayMetrics(clock=FakeClock())
+    registry = CollectorRegistry()
+    reference = Counter(
+        "kvgate_admission_decisions",
+        "Admission decisions by outcome (admit, queue, reject) and reason.",
+        ["pool", "model", "decision", "reason"],
+        registry=registry,
+    )
+    tokens = Counter(
+        "kvgate_prompt_tokens",
+        "Prompt tokens of requests served (replica's count).",
+        ["pool", "model"],
+        registry=registry,
+    )
+    for pool, decision, reason in (
+        ("decode", "admit", "fits"),
+        ("", "reject", "no_replica"),
+        ("decode", "queue", "kv_capacity"),
+    ):
+        reference.labels(pool, MODEL, decision, reason).inc()
+    reference.labels("decode", MODEL, "admit", "fits").inc()
+    tokens.labels("decode", MODEL).inc(120)
+    metrics.count_admitted("decode", MODEL, "fits", None)
+    metrics.count_decision("reject", "no_replica", pool="", model=MODEL)
+    metrics.count_decision("queue", "kv_capacity", pool="decode", model=MODEL)
+    metrics.count_admitted("decode", MODEL, "fits", 0.5)
+    metrics.count_tokens("decode", MODEL, 120, 30)
+
+    def counter_lines(text: bytes) -> list[str]:
+        """Every line of the two counters, each ``_created`` sample without its (wall-clock) value."""
+        wanted = ("kvgate_admission_decisions", "kvgate_prompt_tokens")
+        return [
+            line.rpartition(" ")[0] if "_created{" in line else line
+            for line in text.decode().splitlines()
+            if any(name in line for name in wanted)
+        ]
+
+    assert counter_lines(metrics.render()) == counter_lines(generate_latest(registry))
