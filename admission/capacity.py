@@ -17,4 +17,8 @@ def kv_room_tokens(view: ReplicaView) -> int:
 
 def fits(view: ReplicaView, kv_tokens: int, max_active_sequences: int) -> bool:
     """True when ``view`` can hold ``kv_tokens`` more and has a sequence slot under the guard."""
-    return kv_tokens <= kv_room_tokens(view) and view.load.resident_sequences < max_active_sequences
+    load = view.load
+    return (
+        kv_tokens <= view.capacity_kv_tokens - load.reserved_kv_tokens
+        and load.resident_sequences < max_active_sequences
+    )

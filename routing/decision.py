@@ -4,14 +4,14 @@ The ``reason`` is a short stable label the edge counts in metrics (the decision 
 nothing): ``prefix_affinity`` or ``least_load`` from the kvgate policy, ``round_robin`` or
 ``least_request`` from the baselines, and when no replica can take the request the binding filter
 (``no_model``, ``unhealthy``, ``not_ready``, ``backoff``, ``no_kv_room``, ``excluded``) or
-``no_replica`` for an empty fleet. Candidate scores are kept as columns (one tuple per measure) and
-turned into per-candidate records only when read, so explaining a decision costs nothing on the
-hot path.
+``no_replica`` for an empty fleet. Candidate scores are kept as columns (one sequence per measure,
+the lists the policy computed, handed over uncopied and never changed after) and turned into
+per-candidate records only when read, so explaining a decision costs nothing on the hot path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -27,11 +27,11 @@ class CandidateScore:
 
 @dataclass(frozen=True, slots=True)
 class ScoreColumns:
-    replica_ids: tuple[str, ...]
-    totals: tuple[float, ...]
-    parts: Mapping[str, tuple[float, ...]]
-    load_ratios: tuple[float, ...]
-    matched_blocks: tuple[int, ...]
+    replica_ids: Sequence[str]
+    totals: Sequence[float]
+    parts: Mapping[str, Sequence[float]]
+    load_ratios: Sequence[float]
+    matched_blocks: Sequence[int]
 
 
 _NO_SCORES = ScoreColumns((), (), {}, (), ())

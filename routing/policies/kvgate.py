@@ -26,15 +26,15 @@ from routing.prefix_index import PrefixIndex
 from routing.ramp import Ramp
 from routing.replica import ReplicaView
 from routing.request import RoutingRequest
-from routing.scorers import SCORERS, ScoringContext
+from routing.scorers import SCORERS, Scorer, ScoringContext
 
 
 class KvgatePolicy:
     def __init__(self, config: RoutingConfig, rng: random.Random, index: PrefixIndex) -> None:
         self._rng = rng
         self._index = index
-        self._weights = {name: w for name, w in config.scorer_weights.items() if w > 0}
-        self._uses_prefix = "prefix_locality" in self._weights
+        self._scorers = tuple((name, SCORERS[name], w) for name, w in config.scorer_weights.items() if w > 0)
+        self._uses_prefix = any(name == "prefix_locality" for name, _, _ in self._scorers)
         self._sample_size = config.sample_size
         self._stale_s = config.scrape_stale_s
         self._bounded_load_factor = config.bounded_load_factor
@@ -64,18 +64,10 @@ class KvgatePolicy:
             matched = [0] * len(candidates)
             bounded = [True] * len(candidates)
         context = ScoringContext(now_s, loads, matched, bounded)
-        parts = {name: SCORERS[name](request, candidates, context) for name in self._weights}
-        totals = [0.0] * len(candidates)
-        for name, weight in self._weights.items():
-            totals = [total + weight * part for total, part in zip(totals, parts[name], strict=True)]
+        parts = {name: scorer(request, candidates, context) for name, scorer, _ in self._scorers}
+        totals = _weighted_sums(parts, self._scorers)
         chosen = pick_best(totals, self._rng)
-        columns = ScoreColumns(
-            replica_ids=tuple(view.replica_id for view in candidates),
-            totals=tuple(totals),
-            parts={name: tuple(values) for name, values in parts.items()},
-            load_ratios=tuple(loads),
-            matched_blocks=tuple(matched),
-        )
+        columns = ScoreColumns([view.replica_id for view in candidates], totals, parts, loads, matched)
         affinity = self._uses_prefix and parts["prefix_locality"][chosen] > 0.0
         return RoutingDecision(
             candidates[chosen].replica_id, "prefix_affinity" if affinity else "least_load", columns
@@ -123,3 +115,16 @@ class KvgatePolicy:
         if position is None:
             self._absent.add(replica_id)
         return position
+
+
+def _weighted_sums(
+    parts: dict[str, list[float]], scorers: Sequence[tuple[str, Scorer, float]]
+) -> list[float]:
+    """Each candidate's total: its scores times their weights, added in the scorers' order."""
+    totals: list[float] = []
+    for name, _, weight in scorers:
+        if not totals:
+            totals = [weight * part for part in parts[name]]
+        else:
+            totals = [total + weight * part for total, part in zip(totals, parts[name], strict=True)]
+    return totals
