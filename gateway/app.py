@@ -1,9 +1,10 @@
 """The gateway as one ASGI application: a raw dispatcher in front of the proxy and the admin app.
 
 The two completion routes go straight to ``Proxy.handle`` and ``GET /signals`` to the metrics'
-JSON document; every other path goes to FastAPI. The dispatcher also owns the lifespan: the shared
-upstream session, the first health probe and ``/metrics`` scrape round (so readiness is known
-before the first request) and the background tasks: health probes, vLLM metrics scraping, DNS,
+JSON document; every other path goes to FastAPI. The dispatcher also owns the lifespan: the
+completion routes' replica client, the aiohttp session of every other upstream call, the first
+health probe and ``/metrics`` scrape round (so readiness is known before the first request) and
+the background tasks: health probes, vLLM metrics scraping, DNS,
 the admission pump, Redis coordination and the autoscaling recommender when configured.
 """
 
@@ -25,6 +26,7 @@ from gateway.errors import MethodNotAllowed
 from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Message, Proxy, Receive, Scope, Send, request_id_of, send_error
+from gateway.replica_http import ReplicaClient
 from gateway.scrape import Scraper
 from gateway.state import GatewayState
 from gateway.upstream import create_session
@@ -47,6 +49,7 @@ class Gateway:
         self.admin = build_admin_app(self.state, self.metrics.render, admin_token=config.server.admin_token)
         self.coordinator: RedisCoordinator | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._client: ReplicaClient | None = None
         self._proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -61,7 +64,15 @@ class Gateway:
     async def start(self) -> None:
         self._session = create_session(self.config.server)
         self.decider.session = self._session
-        self._proxy = Proxy(self.state, self.decider, self._session, self.config.server)
+        server = self.config.server
+        self._client = ReplicaClient(
+            connect_s=server.timeouts.connect_s,
+            first_byte_s=server.timeouts.first_byte_s,
+            idle_s=server.timeouts.idle_s,
+            keepalive_s=server.keepalive_s,
+            limit=server.upstream_connections,
+        )
+        self._proxy = Proxy(self.state, self.decider, self._client, server)
         discoveries = [
             DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
         ]
@@ -102,6 +113,9 @@ class Gateway:
         if self.coordinator is not None:
             await self.coordinator.stop()
             self.coordinator = None
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
         if self._session is not None:
             await self._session.close()
             self._session = None

@@ -175,7 +175,7 @@ class KvgateDecider:
         if tenant is None:
             return Refusal(Unauthorized("Incorrect API key provided.", reason="unauthorized"))
         if self._config.auth_enabled:
-            request.upstream_headers = [h for h in request.upstream_headers if h[0] != "authorization"]
+            request.upstream_headers = [h for h in request.upstream_headers if h[0] != b"authorization"]
         declared = requested_max_tokens(request.body)
         if isinstance(declared, InvalidRequest):
             return Refusal(BadRequest(declared.message, param=declared.param, reason="invalid_request"))

@@ -15,17 +15,23 @@
     ├── ServiceUnavailable  503       no routable replica (with Retry-After)
     └── GatewayTimeout      504       connect, first byte or idle timeout upstream
 
-Errors from aiohttp are translated into this tree in exactly one place, ``translate_upstream``.
+Failures of the completion routes' replica client (``gateway.replica_http``) are translated into
+this tree in exactly one place, ``translate_upstream``.
 Replica 4xx answers are not errors here: they pass through as the replica wrote them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 
-import aiohttp
 import orjson
+
+from gateway.replica_http import (
+    ReplicaConnectError,
+    ReplicaDisconnected,
+    ReplicaHTTPError,
+    ReplicaTimeout,
+)
 
 
 class GatewayError(Exception):
@@ -126,14 +132,14 @@ def translate_upstream(exc: BaseException, replica_url: str) -> GatewayError:
     """The one place where a failure talking to a replica becomes a gateway error."""
     if isinstance(exc, GatewayError):
         return exc
-    if isinstance(exc, aiohttp.ServerTimeoutError | aiohttp.ConnectionTimeoutError | TimeoutError):
-        return GatewayTimeout(f"replica {replica_url} timed out")
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return BadGateway(f"cannot connect to replica {replica_url}: {exc.os_error.strerror or exc.os_error}")
-    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+    if isinstance(exc, ReplicaTimeout | TimeoutError):
+        return GatewayTimeout(f"replica {replica_url} timed out: {exc}")
+    if isinstance(exc, ReplicaConnectError):
+        return BadGateway(f"cannot connect to replica {replica_url}: {exc}")
+    if isinstance(exc, ReplicaDisconnected):
         return BadGateway(f"replica {replica_url} closed the connection mid-response")
-    if isinstance(exc, aiohttp.ClientError | OSError | asyncio.IncompleteReadError):
-        return BadGateway(f"replica {replica_url} failed: {type(exc).__name__}")
+    if isinstance(exc, ReplicaHTTPError | OSError):
+        return BadGateway(f"replica {replica_url} failed: {exc}")
     return InternalError("internal gateway error")
 
 

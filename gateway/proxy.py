@@ -8,9 +8,10 @@ estimate, and the usage-only chunk it brings is taken out before the client sees
 relayed as they arrive, never re-assembled into lines or re-serialised; counting ``data:`` events
 per chunk is the token count (one event per engine step per sequence carries about one token).
 A watcher on ``receive`` notices the client leaving (``http.disconnect``) and cancels the request
-at once: aiohttp then closes the upstream connection, which is how vLLM learns to abort the
-sequence. Upstream failures become gateway errors in ``errors.translate_upstream``; replica 4xx
-bodies pass through as written.
+at once: the replica client then closes the upstream connection, which is how vLLM learns to abort
+the sequence. Connect, first-byte and idle timeouts are the replica client's (``replica_http``).
+Upstream failures become gateway errors in ``errors.translate_upstream``; replica 4xx bodies pass
+through as written.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-import aiohttp
 import orjson
-from yarl import URL
 
 from config.schema import Server
 from gateway.decide import KvgateDecider, Refusal, Route
@@ -36,6 +35,7 @@ from gateway.errors import (
     translate_upstream,
     upstream_status_error,
 )
+from gateway.replica_http import ReplicaClient, ReplicaResponse
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
 
 Scope = MutableMapping[str, Any]
@@ -70,10 +70,6 @@ _NOT_RELAYED = frozenset(
         REQUEST_ID_HEADER,
     }
 )
-_URL_CACHE_SIZE = 4096
-_IDLE_SLACK_RATIO = 0.1
-"""The idle deadline is moved only when it has fallen this share of ``idle_s`` behind: one timer
-reschedule per ~10% of the idle timeout instead of one per chunk."""
 _PRODUCED_REPORT_EVENTS = 16
 """The ledger hears a stream's produced-token total once per this many SSE events."""
 _USAGE_ONLY = b'"choices":[]'
@@ -85,15 +81,12 @@ _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
 class Proxy:
     def __init__(
-        self, state: GatewayState, decider: KvgateDecider, session: aiohttp.ClientSession, server: Server
+        self, state: GatewayState, decider: KvgateDecider, client: ReplicaClient, server: Server
     ) -> None:
         self._state = state
         self._decider = decider
-        self._session = session
+        self._client = client
         self._max_body_bytes = server.max_body_bytes
-        self._first_byte_s = server.timeouts.first_byte_s
-        self._idle_s = server.timeouts.idle_s
-        self._urls: dict[str, URL] = {}
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id, content_length, forward = _scan_headers(scope["headers"])
@@ -151,46 +144,43 @@ class Proxy:
     async def _relay(self, request: ProxyRequest, replica: ReplicaState, send: Send) -> GatewayError | None:
         """Relay one attempt; a failure before anything reached the client is returned (the caller
         may retry elsewhere), one after it ends the stream with an error event and ``[DONE]``."""
-        response: aiohttp.ClientResponse | None = None
+        response: ReplicaResponse | None = None
         replica_url = replica.url
         decider = self._decider
         try:
-            async with asyncio.timeout(self._first_byte_s) as deadline:
-                url = replica_url + request.endpoint
-                parsed_url = self._urls.get(url)
-                if parsed_url is None:
-                    if len(self._urls) > _URL_CACHE_SIZE:
-                        self._urls.clear()
-                    parsed_url = self._urls[url] = URL(url)
-                response = await self._session.post(
-                    parsed_url, data=request.raw_body, headers=request.upstream_headers
-                )
-                status = response.status
-                if status >= 500 or status == 429:
-                    retry_after_s = _retry_after_s(response.headers.get("retry-after"))
-                    decider.observe(replica, status, retry_after_s)
-                    raise upstream_status_error(status, replica_url, await response.read(), retry_after_s)
-                headers = _relay_headers(response.raw_headers, request.request_id)
-                if not request.stream or status != 200:
-                    body = await response.read()
-                    if status == 200:
-                        now_s = time.monotonic()
-                        decider.first_token(request, replica, now_s)
-                        _read_usage(request, body)
-                    headers.append((b"content-length", str(len(body)).encode()))
-                    request.response_started = True
-                    await send({"type": "http.response.start", "status": status, "headers": headers})
-                    await send({"type": "http.response.body", "body": body})
-                    if status == 200:
-                        decider.observe(replica, status)
-                        decider.finished(request, replica, None, time.monotonic())
-                    return None
+            response = await self._client.post(
+                replica_url,
+                request.endpoint,
+                request.raw_body,
+                request.upstream_headers,
+                stream=request.stream,
+            )
+            status = response.status
+            if status >= 500 or status == 429:
+                retry_after_s = _retry_after_s(response.header(b"retry-after"))
+                decider.observe(replica, status, retry_after_s)
+                raise upstream_status_error(status, replica_url, await response.read(), retry_after_s)
+            headers = _relay_headers(response.headers, request.request_id)
+            if not request.stream or status != 200:
+                body = await response.read()
+                if status == 200:
+                    now_s = time.monotonic()
+                    decider.first_token(request, replica, now_s)
+                    _read_usage(request, body)
+                headers.append((b"content-length", str(len(body)).encode()))
                 request.response_started = True
                 await send({"type": "http.response.start", "status": status, "headers": headers})
-                itl_s, gaps_s = await self._stream(request, replica, response.content, deadline, send)
-                decider.observe(replica, status)
-                decider.finished(request, replica, itl_s, time.monotonic(), gaps_s)
+                await send({"type": "http.response.body", "body": body})
+                if status == 200:
+                    decider.observe(replica, status)
+                    decider.finished(request, replica, None, time.monotonic())
                 return None
+            request.response_started = True
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            itl_s, gaps_s = await self._stream(request, replica, response, send)
+            decider.observe(replica, status)
+            decider.finished(request, replica, itl_s, time.monotonic(), gaps_s)
+            return None
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
@@ -207,15 +197,14 @@ class Proxy:
             )
             return None
         finally:
-            if response is not None and not response.closed:
-                response.close()
+            if response is not None:
+                response.release()
 
     async def _stream(
         self,
         request: ProxyRequest,
         replica: ReplicaState,
-        content: aiohttp.StreamReader,
-        deadline: asyncio.Timeout,
+        response: ReplicaResponse,
         send: Send,
     ) -> tuple[float | None, list[float]]:
         """Relay the stream; returns the mean gap between its token events (inter-token latency)
@@ -226,9 +215,6 @@ class Proxy:
         writes were split. A client cannot act on half an event, so holding one back delays
         nothing it could use; the bytes it receives are unchanged."""
         loop = asyncio.get_running_loop()
-        idle_s = self._idle_s
-        slack_s = idle_s * _IDLE_SLACK_RATIO
-        when = 0.0
         events = 0
         first_s = last_s = 0.0
         gaps_s: list[float] = []
@@ -237,13 +223,10 @@ class Proxy:
         decider = self._decider
         carry = b""
         while True:
-            chunk = await content.readany()
+            chunk = await response.read_chunk()
             if not chunk:
                 break
             now = loop.time()
-            if now + idle_s - when > slack_s:
-                when = now + idle_s
-                deadline.reschedule(when)
             if carry:
                 chunk = carry + chunk
                 carry = b""
@@ -326,8 +309,7 @@ class Proxy:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise BadRequest("`stream` must be a boolean", param="stream")
-        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in forward]
-        headers.append(("x-request-id", request_id))
+        headers = [*forward, (REQUEST_ID_HEADER, request_id.encode("latin-1"))]
         injected = False
         if stream:
             options = body.get("stream_options")
@@ -351,7 +333,7 @@ class Proxy:
         )
 
 
-def _retry_after_s(value: str | None) -> float | None:
+def _retry_after_s(value: bytes | None) -> float | None:
     try:
         return None if value is None else float(value)
     except ValueError:
@@ -434,7 +416,7 @@ def request_id_of(scope: Scope) -> str:
     return os.urandom(16).hex()
 
 
-def _relay_headers(raw: tuple[tuple[bytes, bytes], ...], request_id: str) -> list[tuple[bytes, bytes]]:
+def _relay_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
     headers = [(low, value) for name, value in raw if (low := name.lower()) not in _NOT_RELAYED]
     headers.append((REQUEST_ID_HEADER, request_id.encode("latin-1")))
     return headers

@@ -49,7 +49,7 @@ class ProxyRequest:
     raw_body: bytes
     headers: list[tuple[bytes, bytes]]
     """The client's headers, as received (minus hop-by-hop ones)."""
-    upstream_headers: list[tuple[str, str]]
+    upstream_headers: list[tuple[bytes, bytes]]
     """What is sent to the replica: the client's headers plus ``x-request-id``."""
     replica: ReplicaState | None = None
     response_started: bool = False

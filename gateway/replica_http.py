@@ -1,0 +1,476 @@
+"""The completion routes' HTTP/1.1 client to replicas: pooled keep-alive connections, httptools.
+
+Why not the shared aiohttp session here: on this project's 2-core machine aiohttp 3.14 on Python
+3.11 costs ~95 µs of CPU per proxied request as a client (a task per request body, header
+multidicts, a timer and a response object graph), most of the gateway's 250 µs budget; this client
+costs ~15 µs for the same work (``loadtest/bench_proxy.py --client``). It does only what the two
+completion routes need: ``POST`` with a body in one write, the response's status and raw headers,
+and the body as it arrives. aiohttp still serves every other upstream call (health probes,
+``/metrics`` scrapes, ``/tokenize``).
+
+Timeouts live on the connection, not around the caller: one timer per request, moved only when it
+fires early, so a streamed chunk costs a clock read instead of a timer reschedule. Until the
+response's first body byte the deadline is ``first_byte_s`` after the request was written (a whole
+non-streamed generation); after it, a streamed response may be silent for at most ``idle_s``
+between chunks. A connection whose reader is paused (the client is slower than the replica) is
+never timed out for idleness: the silence is the gateway's.
+
+Closing the connection is how a replica learns a request was abandoned (vLLM aborts the sequence
+when its client goes away), so a response that is not read to its end is never returned to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import socket
+import ssl
+from dataclasses import dataclass
+from typing import cast
+
+import httptools
+from yarl import URL
+
+_TARGET_CACHE_SIZE = 4096
+_HIGH_WATER_BYTES = 256 * 1024
+"""Buffered body bytes above which the connection stops reading until the relay catches up."""
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class ReplicaHTTPError(Exception):
+    """A failure talking to a replica; ``gateway.errors.translate_upstream`` maps it for the client."""
+
+
+class ReplicaConnectError(ReplicaHTTPError):
+    """No connection could be opened."""
+
+    def __init__(self, os_error: OSError) -> None:
+        super().__init__(os_error.strerror or str(os_error) or type(os_error).__name__)
+        self.os_error = os_error
+
+
+class ReplicaDisconnected(ReplicaHTTPError):
+    """The replica closed the connection before its response was complete."""
+
+
+class ReplicaProtocolError(ReplicaHTTPError):
+    """The replica's answer was not valid HTTP/1.1."""
+
+
+class ReplicaTimeout(ReplicaHTTPError, TimeoutError):
+    """Connecting, the first byte or the next streamed chunk took longer than configured."""
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    scheme: str
+    host: str
+    port: int
+
+    @classmethod
+    def of(cls, url: URL) -> Origin:
+        if url.scheme not in ("http", "https") or not url.host or url.port is None:
+            raise ValueError(f"replica URL must be http(s)://host[:port][/path], got {str(url)!r}")
+        return cls(url.scheme, url.host, url.port)
+
+    @property
+    def host_header(self) -> bytes:
+        default = 443 if self.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return (host if self.port == default else f"{host}:{self.port}").encode("idna")
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; it parses one response at a time."""
+
+    def __init__(self, client: ReplicaClient, origin: Origin) -> None:
+        self._client = client
+        self.origin = origin
+        self._loop = client.loop
+        self._parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.idle_since = 0.0
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.active = False
+        self.status = 0
+        self.headers: Headers = []
+        self.headers_done = False
+        self.complete = False
+        self.error: BaseException | None = None
+        self.received_any = False
+        self.body: collections.deque[bytes] = collections.deque()
+        self._buffered = 0
+        self._paused = False
+        self._stream = False
+        self._body_seen = False
+        self._first_byte_at = 0.0
+        self._last_body_at = 0.0
+        self._length_known = False
+
+    # -- request side -------------------------------------------------------------------------
+
+    def start(self, request: bytes, stream: bool) -> None:
+        """Write one whole request and arm the first-byte deadline."""
+        assert self.transport is not None
+        self._reset()
+        self.active = True
+        self._stream = stream
+        now = self._loop.time()
+        self._first_byte_at = now + self._client.first_byte_s
+        self._arm(self._first_byte_at)
+        self.transport.write(request)
+
+    async def wait(self) -> None:
+        """Until the protocol has news (headers, body, completion, an error)."""
+        waiter = self._waiter = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    def take_body(self) -> bytes:
+        body = self.body
+        data = body.popleft() if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._buffered = 0
+        if self._paused and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
+        return data
+
+    def close(self) -> None:
+        self._cancel_timer()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    # -- asyncio.Protocol ---------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.active:
+            self.close()
+            return
+        self.received_any = True
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(ReplicaProtocolError(f"invalid response: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        self._client.forget(self)
+        if self.active and not self.complete:
+            if self.headers_done and not self._length_known:
+                self.on_message_complete()
+            else:
+                self._fail(ReplicaDisconnected("the replica closed the connection mid-response"))
+
+    # -- httptools callbacks ------------------------------------------------------------------
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        lowered = {name.lower() for name, _ in self.headers}
+        self._length_known = b"content-length" in lowered or b"transfer-encoding" in lowered
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self._buffered += len(body)
+        if self._stream:
+            self._last_body_at = now = self._loop.time()
+            if not self._body_seen:
+                self._arm(now + self._client.idle_s)
+        self._body_seen = True
+        if self._buffered > _HIGH_WATER_BYTES and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self._cancel_timer()
+        self._wake()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def reusable(self) -> bool:
+        return (
+            self.complete
+            and self.error is None
+            and self.transport is not None
+            and not self.transport.is_closing()
+            and self._parser.should_keep_alive()
+        )
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: BaseException) -> None:
+        if self.error is None:
+            self.error = error
+        self._cancel_timer()
+        self._wake()
+
+    def _arm(self, when: float) -> None:
+        self._cancel_timer()
+        self._timer = self._loop.call_at(when, self._on_timer)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self.active or self.complete or self.error is not None:
+            return
+        now = self._loop.time()
+        if self._stream and self._body_seen:
+            if self._paused:
+                self._arm(now + self._client.idle_s)
+                return
+            deadline = self._last_body_at + self._client.idle_s
+            what = f"no chunk for {self._client.idle_s:g} s"
+        else:
+            deadline = self._first_byte_at
+            what = f"no answer within {self._client.first_byte_s:g} s"
+        if now < deadline:
+            self._arm(deadline)
+            return
+        self._fail(ReplicaTimeout(what))
+        self.close()
+
+
+class ReplicaResponse:
+    """A replica's answer: status and raw headers at once, the body as it comes."""
+
+    __slots__ = ("_client", "_connection", "headers", "status")
+
+    def __init__(self, client: ReplicaClient, connection: _Connection) -> None:
+        self._client = client
+        self._connection = connection
+        self.status = connection.status
+        self.headers = connection.headers
+
+    def header(self, name: bytes) -> bytes | None:
+        """The first value of a header (``name`` in lower case)."""
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return None
+
+    async def read_chunk(self) -> bytes:
+        """Whatever body bytes have arrived (waiting for some); ``b""`` once the body is complete."""
+        connection = self._connection
+        while not connection.body:
+            if connection.error is not None:
+                raise connection.error
+            if connection.complete:
+                return b""
+            await connection.wait()
+        return connection.take_body()
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        connection = self._connection
+        while not connection.complete:
+            if connection.error is not None:
+                raise connection.error
+            await connection.wait()
+        return connection.take_body() if connection.body else b""
+
+    def release(self) -> None:
+        """Back to the pool when read to its end, otherwise closed (the replica sees the abort)."""
+        self._client.release(self._connection)
+
+
+class ReplicaClient:
+    """Keep-alive pools per replica origin, at most ``limit`` connections in all."""
+
+    def __init__(
+        self,
+        *,
+        connect_s: float,
+        first_byte_s: float,
+        idle_s: float,
+        keepalive_s: float,
+        limit: int,
+    ) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.connect_s = connect_s
+        self.first_byte_s = first_byte_s
+        self.idle_s = idle_s
+        self._keepalive_s = keepalive_s
+        self._limit = limit
+        self._idle: dict[Origin, list[_Connection]] = {}
+        self._open: set[_Connection] = set()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._targets: dict[str, tuple[Origin, bytes]] = {}
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._open)
+
+    async def post(
+        self, base_url: str, path: str, body: bytes, headers: Headers, *, stream: bool
+    ) -> ReplicaResponse:
+        """Send ``POST base_url+path`` and wait for the response's status and headers.
+
+        A pooled connection the replica closed while it sat idle fails before any response byte;
+        the request then goes once more on a new connection (nothing reached the replica's
+        application, so nothing is generated twice)."""
+        target = self._targets.get(base_url + path)
+        if target is None:
+            target = self._target(base_url + path)
+        origin, request_target = target
+        head = [b"POST ", request_target, b" HTTP/1.1\r\nhost: ", origin.host_header]
+        head.append(b"\r\ncontent-length: %d\r\n" % len(body))
+        for name, value in headers:
+            head += (name, b": ", value, b"\r\n")
+        head += (b"\r\n", body)
+        request = b"".join(head)
+        while True:
+            connection, reused = await self._acquire(origin)
+            try:
+                connection.start(request, stream)
+                while not connection.headers_done:
+                    if connection.error is not None:
+                        raise connection.error
+                    await connection.wait()
+            except ReplicaDisconnected:
+                connection.close()
+                if reused and not connection.received_any:
+                    continue
+                raise
+            except BaseException:
+                connection.close()
+                raise
+            return ReplicaResponse(self, connection)
+
+    def _target(self, url: str) -> tuple[Origin, bytes]:
+        if len(self._targets) >= _TARGET_CACHE_SIZE:
+            self._targets.clear()
+        parsed = URL(url)
+        target = self._targets[url] = (Origin.of(parsed), parsed.raw_path_qs.encode())
+        return target
+
+    def release(self, connection: _Connection) -> None:
+        connection.active = False
+        if self._closed or not connection.reusable():
+            connection.close()
+            return
+        connection.idle_since = self.loop.time()
+        self._idle.setdefault(connection.origin, []).append(connection)
+        self._wake_one()
+
+    def forget(self, connection: _Connection) -> None:
+        """A connection closed: it no longer counts against the limit."""
+        if connection in self._open:
+            self._open.discard(connection)
+            idle = self._idle.get(connection.origin)
+            if idle is not None and connection in idle:
+                idle.remove(connection)
+            self._wake_one()
+
+    async def close(self) -> None:
+        self._closed = True
+        for connection in list(self._open):
+            connection.close()
+        self._idle.clear()
+        # let transports deliver connection_lost before the loop goes away
+        await asyncio.sleep(0)
+
+    async def _acquire(self, origin: Origin) -> tuple[_Connection, bool]:
+        while True:
+            if self._closed:
+                raise ReplicaDisconnected("the gateway is shutting down")
+            idle = self._idle.get(origin)
+            now = self.loop.time()
+            while idle:
+                connection = idle.pop()
+                transport = connection.transport
+                if transport is None or transport.is_closing():
+                    continue
+                if now - connection.idle_since > self._keepalive_s:
+                    connection.close()
+                    continue
+                return connection, True
+            if len(self._open) < self._limit:
+                return await self._connect(origin), False
+            if self._close_one_idle():
+                continue
+            waiter = self.loop.create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():
+                    self._wake_one()
+                raise
+
+    async def _connect(self, origin: Origin) -> _Connection:
+        connection = _Connection(self, origin)
+        self._open.add(connection)
+        try:
+            async with asyncio.timeout(self.connect_s):
+                await self.loop.create_connection(
+                    lambda: connection,
+                    origin.host,
+                    origin.port,
+                    ssl=self._ssl_context() if origin.scheme == "https" else None,
+                )
+        except TimeoutError:
+            self.forget(connection)
+            raise ReplicaTimeout(f"no connection within {self.connect_s:g} s") from None
+        except OSError as exc:
+            self.forget(connection)
+            raise ReplicaConnectError(exc) from exc
+        except BaseException:
+            self.forget(connection)
+            connection.close()
+            raise
+        return connection
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    def _close_one_idle(self) -> bool:
+        oldest: _Connection | None = None
+        for idle in self._idle.values():
+            if idle and (oldest is None or idle[0].idle_since < oldest.idle_since):
+                oldest = idle[0]
+        if oldest is None:
+            return False
+        self._idle[oldest.origin].remove(oldest)
+        self._open.discard(oldest)
+        oldest.close()
+        return True
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
