@@ -111,6 +111,7 @@ class _Connection(asyncio.Protocol):
         self._first_byte_at = 0.0
         self._last_body_at = 0.0
         self._length_known = False
+        self._keep_alive = False
 
     # -- request side -------------------------------------------------------------------------
 
@@ -145,6 +146,7 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self._cancel_timer()
+        self._client.forget(self)
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
 
@@ -203,6 +205,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_message_complete(self) -> None:
+        # llhttp answers this only inside the callbacks; afterwards it reports False
+        self._keep_alive = self._parser.should_keep_alive()
         self.complete = True
         self._cancel_timer()
         self._wake()
@@ -215,7 +219,7 @@ class _Connection(asyncio.Protocol):
             and self.error is None
             and self.transport is not None
             and not self.transport.is_closing()
-            and self._parser.should_keep_alive()
+            and self._keep_alive
         )
 
     def _wake(self) -> None:
