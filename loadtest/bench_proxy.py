@@ -6,10 +6,14 @@ this driver (aiohttp clients at a fixed concurrency). Each scenario runs direct 
 gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, and 50-chunk
 streams paced ~5 ms apart. Prints a table; not a test. ``--decisions N`` instead times the
 decision path alone, in this process: ``decide``, first token, ``finished`` and ``release`` for N
-requests against four healthy replicas, no sockets (CPU microseconds per request).
+requests against four healthy replicas, no sockets (CPU microseconds per request). ``--client N``
+times the upstream client alone, in this process on uvloop: N non-stream requests to the
+zero-delay backends through an aiohttp session set up as the gateway's other upstream calls are,
+then through the completion routes' ``ReplicaClient`` (CPU microseconds per request).
 
     python -m loadtest.bench_proxy [--concurrency 64] [--requests 4000] [--streams 600]
     python -m loadtest.bench_proxy --decisions 20000
+    python -m loadtest.bench_proxy --client 20000
 """
 
 from __future__ import annotations
@@ -340,6 +344,64 @@ async def _drive_direct(
     return Result([x for r in results for x in r.latencies_s], max(r.wall_s for r in results))
 
 
+async def time_clients(total: int, concurrency: int) -> tuple[float, float]:
+    """CPU microseconds per request of aiohttp and of ``ReplicaClient`` (see the module docstring)."""
+    from config.schema import Server
+    from gateway.replica_http import ReplicaClient
+    from gateway.upstream import create_session
+
+    ports = free_ports(4)
+    backend = _spawn(["--backend", ",".join(map(str, ports))])
+    body = orjson.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
+    )
+    header_pairs = [(b"content-type", b"application/json"), (b"x-request-id", b"0123456789abcdef")]
+    bases = [f"http://127.0.0.1:{port}" for port in ports]
+    path = "/v1/chat/completions"
+
+    async def timed(one: Callable[[int], Awaitable[bytes]]) -> float:
+        remaining = total
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                await one(remaining)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))  # warm the pools
+        remaining = total
+        start_s = time.process_time()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return (time.process_time() - start_s) / total * 1e6
+
+    try:
+        session = create_session(Server())
+        urls = [base + path for base in bases]
+        string_headers = [(name.decode(), value.decode()) for name, value in header_pairs]
+
+        async def via_aiohttp(i: int) -> bytes:
+            async with session.post(urls[i % 4], data=body, headers=string_headers) as response:
+                return await response.read()
+
+        aiohttp_us = await timed(via_aiohttp)
+        await session.close()
+        client = ReplicaClient(connect_s=5.0, first_byte_s=60.0, idle_s=60.0, keepalive_s=30.0, limit=8192)
+
+        async def via_replica_client(i: int) -> bytes:
+            response = await client.post(bases[i % 4], path, body, header_pairs, stream=False)
+            try:
+                return await response.read()
+            finally:
+                response.release()
+
+        replica_client_us = await timed(via_replica_client)
+        await client.close()
+        return aiohttp_us, replica_client_us
+    finally:
+        backend.terminate()
+        backend.wait(timeout=30)
+
+
 async def time_decisions(total: int, held: int = 32) -> float:
     """CPU microseconds per request of the decision path alone (see the module docstring)."""
     from config.loader import parse_config
@@ -391,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--decisions", type=int, metavar="N", help="time only the decision path for N requests, in process"
     )
+    parser.add_argument(
+        "--client", type=int, metavar="N", help="time only the upstream client for N requests, in process"
+    )
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--gateway", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -406,6 +471,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.decisions:
         per_request_us = asyncio.run(time_decisions(args.decisions))
         print(f"decision path: {per_request_us:.1f} us CPU per request ({args.decisions} requests)")
+        return 0
+    if args.client:
+        import uvloop
+
+        aiohttp_us, replica_client_us = uvloop.run(time_clients(args.client, args.concurrency))
+        print(f"upstream client, {args.client} non-stream requests at concurrency {args.concurrency}:")
+        print(f"  aiohttp ClientSession  {aiohttp_us:7.1f} us CPU per request")
+        print(f"  ReplicaClient          {replica_client_us:7.1f} us CPU per request")
         return 0
     only = set(args.only.split(",")) if args.only else None
     runner = lambda: run(args.concurrency, args.requests, args.streams, only, args.py_spy)  # noqa: E731
