@@ -3,13 +3,15 @@
 Three processes: zero-delay backends (raw asyncio + httptools, one process for all of them, so its
 CPU is not counted), the gateway (uvicorn + uvloop, its CPU read from ``/proc`` via psutil), and
 this driver (aiohttp clients at a fixed concurrency). Each scenario runs direct and through the
-gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, and 50-chunk
-streams paced ~5 ms apart. Prints a table; not a test. ``--decisions N`` instead times the
-decision path alone, in this process: ``decide``, first token, ``finished`` and ``release`` for N
-requests against four healthy replicas, no sockets (CPU microseconds per request). ``--client N``
-times the upstream client alone, in this process on uvloop: N non-stream requests to the
-zero-delay backends through an aiohttp session set up as the gateway's other upstream calls are,
-then through the completion routes' ``ReplicaClient`` (CPU microseconds per request).
+gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, 50-chunk streams
+paced ~5 ms apart, non-streaming requests at a fixed 1000 per second (open loop: added latency at
+a load the machine carries) and one at a time (serial). Prints a table; not a test.
+``--decisions N`` instead times the decision path alone, in this process: ``decide``, first token,
+``finished`` and ``release`` for N requests against four healthy replicas, no sockets (CPU
+microseconds per request). ``--client N`` times the upstream client alone, in this process on
+uvloop: N non-stream requests to the zero-delay backends through an aiohttp session set up as the
+gateway's other upstream calls are, then through the completion routes' ``ReplicaClient`` (CPU
+microseconds per request).
 
     python -m loadtest.bench_proxy [--concurrency 64] [--requests 4000] [--streams 600]
     python -m loadtest.bench_proxy --decisions 20000
@@ -176,6 +178,37 @@ async def drive(
     return Result(latencies, time.perf_counter() - start)
 
 
+async def drive_at_rate(
+    session: aiohttp.ClientSession,
+    urls: list[str],
+    body: bytes,
+    headers: dict[str, str],
+    total: int,
+    rate: float,
+) -> Result:
+    """Open loop: one request every ``1 / rate`` seconds whatever the answers do, so latency is
+    measured at a load the machine carries rather than at saturation."""
+    latencies: list[float] = []
+
+    async def one(url: str) -> None:
+        start = time.perf_counter()
+        async with session.post(url, data=body, headers=headers) as response:
+            await response.read()
+            assert response.status == 200, response.status
+        latencies.append(time.perf_counter() - start)
+
+    loop = asyncio.get_running_loop()
+    tasks = []
+    start = loop.time()
+    for i in range(total):
+        delay = start + i / rate - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(urls[i % len(urls)])))
+    await asyncio.gather(*tasks)
+    return Result(latencies, loop.time() - start)
+
+
 def _spawn(args: list[str], wrapper: list[str] | None = None) -> subprocess.Popen[str]:
     command = [*(wrapper or []), sys.executable, "-m", "loadtest.bench_proxy", *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
@@ -240,7 +273,7 @@ async def run(
     (gateway_port,) = free_ports(1)
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
-    profiler = [py_spy, "record", "-o", profile_out, "-f", "raw", "-r", "250", "--"] if profile_out else []
+    profiler = [py_spy, "record", "-o", profile_out, "-f", "raw", "-r", "1000", "--"] if profile_out else []
     processes: list[subprocess.Popen[str]] = []
     try:
         processes.append(_spawn(["--backend", ",".join(map(str, backend_ports))]))
@@ -276,6 +309,10 @@ async def run(
                 cpu_s = (after.user - before.user) + (after.system - before.system)
                 label = f"{name} {CHUNKS} chunks{f' / {pace_ms:g} ms' if pace_ms else ''}" if stream else name
                 rows.append((label, total, cpu_s / total * 1000, direct, proxied))
+            if not only or "open loop" in only:
+                rows.append(
+                    await _open_loop_latency(session, backend_ports, gateway_url, gateway_cpu, requests // 2)
+                )
             if not only or "serial" in only:
                 rows.append(
                     await _serial_latency(session, backend_ports[0], gateway_url, gateway_cpu, requests // 8)
@@ -310,6 +347,33 @@ async def _serial_latency(
     after = gateway_cpu.cpu_times()
     cpu_s = (after.user - before.user) + (after.system - before.system)
     return ("non-stream serial (c=1)", total, cpu_s / total * 1000, direct, proxied)
+
+
+OPEN_LOOP_RATE = 1000.0
+"""Requests per second of the open-loop scenario: about a third of what the gateway carries at
+concurrency 64 on this machine, so the latency added is the gateway's, not CPU queueing's."""
+
+
+async def _open_loop_latency(
+    session: aiohttp.ClientSession,
+    backend_ports: list[int],
+    gateway_url: str,
+    gateway_cpu: psutil.Process,
+    total: int,
+) -> tuple[str, int, float, Result, Result]:
+    body = orjson.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
+    )
+    headers = {"content-type": "application/json"}
+    direct_urls = [f"http://127.0.0.1:{port}/v1/chat/completions" for port in backend_ports]
+    direct = await drive_at_rate(session, direct_urls, body, headers, total, OPEN_LOOP_RATE)
+    before = gateway_cpu.cpu_times()
+    proxied = await drive_at_rate(
+        session, [gateway_url + "/v1/chat/completions"], body, headers, total, OPEN_LOOP_RATE
+    )
+    after = gateway_cpu.cpu_times()
+    cpu_s = (after.user - before.user) + (after.system - before.system)
+    return (f"non-stream {OPEN_LOOP_RATE:g}/s open loop", total, cpu_s / total * 1000, direct, proxied)
 
 
 def _print_table(rows: list[tuple[str, int, float, Result, Result]], concurrency: int) -> None:
@@ -448,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
         "--py-spy", metavar="FILE", help="run the gateway under py-spy, collapsed stacks to FILE"
     )
     parser.add_argument(
-        "--only", help="comma-separated scenarios: non-stream, stream (back-to-back), 'stream paced', serial"
+        "--only",
+        help="comma-separated scenarios: non-stream, stream (back-to-back), 'stream paced', 'open loop', "
+        "serial",
     )
     parser.add_argument(
         "--decisions", type=int, metavar="N", help="time only the decision path for N requests, in process"
