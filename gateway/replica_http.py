@@ -74,7 +74,6 @@ class Origin:
             raise ValueError(f"replica URL must be http(s)://host[:port][/path], got {str(url)!r}")
         return cls(url.scheme, url.host, url.port)
 
-    @property
     def host_header(self) -> bytes:
         default = 443 if self.scheme == "https" else 80
         host = f"[{self.host}]" if ":" in self.host else self.host
@@ -346,9 +345,8 @@ class ReplicaClient:
         target = self._targets.get(base_url + path)
         if target is None:
             target = self._target(base_url + path)
-        origin, request_target = target
-        head = [b"POST ", request_target, b" HTTP/1.1\r\nhost: ", origin.host_header]
-        head.append(b"\r\ncontent-length: %d\r\n" % len(body))
+        origin, request_line = target
+        head = [request_line, b"content-length: %d\r\n" % len(body)]
         for name, value in headers:
             head += (name, b": ", value, b"\r\n")
         head += (b"\r\n", body)
@@ -372,10 +370,16 @@ class ReplicaClient:
             return ReplicaResponse(self, connection)
 
     def _target(self, url: str) -> tuple[Origin, bytes]:
+        """The origin to connect to and the request's first two lines (request line and ``host``)."""
         if len(self._targets) >= _TARGET_CACHE_SIZE:
             self._targets.clear()
         parsed = URL(url)
-        target = self._targets[url] = (Origin.of(parsed), parsed.raw_path_qs.encode())
+        origin = Origin.of(parsed)
+        request_line = b"POST %s HTTP/1.1\r\nhost: %s\r\n" % (
+            parsed.raw_path_qs.encode(),
+            origin.host_header(),
+        )
+        target = self._targets[url] = (origin, request_line)
         return target
 
     def release(self, connection: _Connection) -> None:
