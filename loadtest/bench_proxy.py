@@ -23,11 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import cast
@@ -321,6 +323,9 @@ async def run(
         if profile_out:
             gateway_cpu.terminate()
             gateway.wait(timeout=60)
+            print(f"\nwhere the gateway's samples go (py-spy, inclusive; stacks in {profile_out}):")
+            for function, share in summarize_profile(profile_out):
+                print(f"{share:6.1%}  {function}")
     finally:
         for process in reversed(processes):
             process.terminate()
@@ -374,6 +379,31 @@ async def _open_loop_latency(
     after = gateway_cpu.cpu_times()
     cpu_s = (after.user - before.user) + (after.system - before.system)
     return (f"non-stream {OPEN_LOOP_RATE:g}/s open loop", total, cpu_s / total * 1000, direct, proxied)
+
+
+def summarize_profile(path: str, top: int = 25) -> list[tuple[str, float]]:
+    """The functions that most samples pass through, with their share of the samples.
+
+    Reads py-spy's raw collapsed stacks (``frame;frame;... count``). Only samples taken while
+    uvicorn serves count (not start-up, not imports), and the frames nearly every sample passes
+    through (the runner, the event loop's entry) are left out: they say nothing about where a
+    request's time goes. py-spy samples wall time of a running thread, so a process descheduled
+    inside a system call (a socket write on a busy machine) charges that call more than its CPU."""
+    through: Counter[str] = Counter()
+    total = 0
+    with open(path) as stacks:
+        for line in stacks:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if "uvicorn/" not in stack or "_find_and_load" in stack:
+                continue
+            samples = int(count)
+            total += samples
+            for function in {re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")}:
+                through[function] += samples
+    if not total:
+        return []
+    ranked = [(function, n / total) for function, n in through.most_common() if n / total < 0.95]
+    return ranked[:top]
 
 
 def _print_table(rows: list[tuple[str, int, float, Result, Result]], concurrency: int) -> None:
