@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import aiohttp
 import httptools
@@ -42,6 +42,10 @@ import psutil
 MODEL = "bench-model"
 CHUNKS = 50
 PACE_HEADER = "x-bench-pace-ms"
+NON_STREAM_BODY = orjson.dumps(
+    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
+)
+JSON_HEADERS = {"content-type": "application/json"}
 
 
 class _BackendProtocol(asyncio.Protocol):
@@ -307,10 +311,9 @@ async def run(
                 await drive(session, via_url, body, headers, concurrency, concurrency)
                 before = gateway_cpu.cpu_times()
                 proxied = await drive(session, via_url, body, headers, total, concurrency)
-                after = gateway_cpu.cpu_times()
-                cpu_s = (after.user - before.user) + (after.system - before.system)
+                cpu_ms = _cpu_ms_since(gateway_cpu, before)
                 label = f"{name} {CHUNKS} chunks{f' / {pace_ms:g} ms' if pace_ms else ''}" if stream else name
-                rows.append((label, total, cpu_s / total * 1000, direct, proxied))
+                rows.append((label, total, cpu_ms / total, direct, proxied))
             if not only or "open loop" in only:
                 rows.append(
                     await _open_loop_latency(session, backend_ports, gateway_url, gateway_cpu, requests // 2)
@@ -340,18 +343,19 @@ async def _serial_latency(
     total: int,
 ) -> tuple[str, int, float, Result, Result]:
     """One request at a time: the gateway's added latency without CPU queueing in the way."""
-    body = orjson.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
-    )
-    headers = {"content-type": "application/json"}
-    direct = await drive(
-        session, f"http://127.0.0.1:{backend_port}/v1/chat/completions", body, headers, total, 1
-    )
+    url = f"http://127.0.0.1:{backend_port}/v1/chat/completions"
+    direct = await drive(session, url, NON_STREAM_BODY, JSON_HEADERS, total, 1)
     before = gateway_cpu.cpu_times()
-    proxied = await drive(session, gateway_url + "/v1/chat/completions", body, headers, total, 1)
-    after = gateway_cpu.cpu_times()
-    cpu_s = (after.user - before.user) + (after.system - before.system)
-    return ("non-stream serial (c=1)", total, cpu_s / total * 1000, direct, proxied)
+    proxied = await drive(
+        session, gateway_url + "/v1/chat/completions", NON_STREAM_BODY, JSON_HEADERS, total, 1
+    )
+    return ("non-stream serial (c=1)", total, _cpu_ms_since(gateway_cpu, before) / total, direct, proxied)
+
+
+def _cpu_ms_since(process: psutil.Process, before: Any) -> float:
+    """User + system milliseconds ``process`` spent since ``before`` (its earlier ``cpu_times()``)."""
+    after = process.cpu_times()
+    return float((after.user - before.user) + (after.system - before.system)) * 1000
 
 
 OPEN_LOOP_RATE = 1000.0
@@ -366,19 +370,13 @@ async def _open_loop_latency(
     gateway_cpu: psutil.Process,
     total: int,
 ) -> tuple[str, int, float, Result, Result]:
-    body = orjson.dumps(
-        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
-    )
-    headers = {"content-type": "application/json"}
     direct_urls = [f"http://127.0.0.1:{port}/v1/chat/completions" for port in backend_ports]
-    direct = await drive_at_rate(session, direct_urls, body, headers, total, OPEN_LOOP_RATE)
+    direct = await drive_at_rate(session, direct_urls, NON_STREAM_BODY, JSON_HEADERS, total, OPEN_LOOP_RATE)
     before = gateway_cpu.cpu_times()
-    proxied = await drive_at_rate(
-        session, [gateway_url + "/v1/chat/completions"], body, headers, total, OPEN_LOOP_RATE
-    )
-    after = gateway_cpu.cpu_times()
-    cpu_s = (after.user - before.user) + (after.system - before.system)
-    return (f"non-stream {OPEN_LOOP_RATE:g}/s open loop", total, cpu_s / total * 1000, direct, proxied)
+    via_urls = [gateway_url + "/v1/chat/completions"]
+    proxied = await drive_at_rate(session, via_urls, NON_STREAM_BODY, JSON_HEADERS, total, OPEN_LOOP_RATE)
+    label = f"non-stream {OPEN_LOOP_RATE:g}/s open loop"
+    return (label, total, _cpu_ms_since(gateway_cpu, before) / total, direct, proxied)
 
 
 def summarize_profile(path: str, top: int = 25) -> list[tuple[str, float]]:

@@ -21,6 +21,7 @@ from gateway.replica_http import (
     ReplicaProtocolError,
     ReplicaTimeout,
 )
+from tests.integration.conftest import eventually
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 HEADERS = [(b"content-type", b"application/json"), (b"x-request-id", b"abc")]
@@ -260,11 +261,7 @@ def test_no_answer_within_first_byte_s_times_out_and_closes_the_connection(run: 
             replicas = client(first_byte_s=0.2)
             with pytest.raises(ReplicaTimeout):
                 await replicas.post(server.url, "/v1/completions", b"{}", HEADERS, stream=False)
-            for _ in range(100):
-                if server.closed:
-                    break
-                await asyncio.sleep(0.01)
-            assert server.closed == 1
+            assert await eventually(lambda: server.closed == 1)
             assert replicas.open_connections == 0
             await replicas.close()
 
@@ -338,11 +335,7 @@ def test_cancelling_a_request_closes_its_connection(run: Any) -> None:
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
-            for _ in range(100):
-                if server.closed:
-                    break
-                await asyncio.sleep(0.01)
-            assert server.closed == 1
+            assert await eventually(lambda: server.closed == 1)
             assert replicas.open_connections == 0
             await replicas.close()
 
