@@ -43,6 +43,16 @@ class PromptCalibration:
         return self.estimated_tokens_total / self.actual_tokens_total if self.actual_tokens_total else 1.0
 
 
+@dataclass(slots=True)
+class _PromptTotals:
+    """One model's running prompt totals, updated in place by every finished request."""
+
+    requests: int
+    estimated_tokens_total: int
+    actual_tokens_total: int
+    ratio_ewma: float
+
+
 class OutputLengths:
     """Exponentially decayed histogram of actual output lengths for one model."""
 
@@ -107,7 +117,7 @@ class Calibration:
         self._half_life_requests = half_life_requests
         self._alpha = prompt_ratio_alpha
         self._outputs: dict[str, OutputLengths] = {}
-        self._prompts: dict[str, PromptCalibration] = {}
+        self._prompts: dict[str, _PromptTotals] = {}
         self.version = 0
         """Bumped whenever the learned output lengths change, so derived estimates can be cached."""
 
@@ -117,21 +127,24 @@ class Calibration:
         sample = estimated_tokens / actual_tokens
         seen = self._prompts.get(model)
         if seen is None:
-            self._prompts[model] = PromptCalibration(1, estimated_tokens, actual_tokens, sample)
+            self._prompts[model] = _PromptTotals(1, estimated_tokens, actual_tokens, sample)
             return
-        self._prompts[model] = PromptCalibration(
-            seen.requests + 1,
-            seen.estimated_tokens_total + estimated_tokens,
-            seen.actual_tokens_total + actual_tokens,
-            seen.ratio_ewma + self._alpha * (sample - seen.ratio_ewma),
-        )
+        seen.requests += 1
+        seen.estimated_tokens_total += estimated_tokens
+        seen.actual_tokens_total += actual_tokens
+        seen.ratio_ewma += self._alpha * (sample - seen.ratio_ewma)
 
     def observe_output(self, model: str, output_tokens: int) -> None:
         self.outputs(model).observe(output_tokens)
         self.version += 1
 
     def prompt(self, model: str) -> PromptCalibration | None:
-        return self._prompts.get(model)
+        seen = self._prompts.get(model)
+        if seen is None:
+            return None
+        return PromptCalibration(
+            seen.requests, seen.estimated_tokens_total, seen.actual_tokens_total, seen.ratio_ewma
+        )
 
     def outputs(self, model: str) -> OutputLengths:
         lengths = self._outputs.get(model)

@@ -38,7 +38,7 @@ from admission.decision import (
     RejectReason,
 )
 from admission.ledger import Ledger
-from admission.promises import Promise, PromiseBook
+from admission.promises import Promise, PromiseBook, fingerprint
 from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from admission.retry_after import (
     Backlog,
@@ -94,7 +94,8 @@ class AdmissionController:
             if not _routable(v, model, now_s):
                 continue
             serving.append(v)
-            largest = max(largest, v.capacity_kv_tokens)
+            if v.capacity_kv_tokens > largest:
+                largest = v.capacity_kv_tokens
             if fits(v, kv_tokens, self._max_active(v)):
                 fitting.append(v)
         if not serving:
@@ -110,36 +111,36 @@ class AdmissionController:
         promise = self._returning(request)
         if promise is not None and now_s < promise.due_s - self._promises.grace_s:
             return self._early(request, promise, now_s)
-        budget_wait_s = self.tenants.take(request.tenant, kv_tokens, now_s)
+        tenant = request.tenant
+        budget_wait_s = self.tenants.take(tenant, kv_tokens, now_s)
         if budget_wait_s > 0.0:
             hint = retry_after(budget_wait_s, self.config.retry_after_cap_s)
             return Reject(
                 429,
                 RejectReason.TENANT_BUDGET,
-                f"Tenant '{request.tenant.name}' is over its budget of {request.tenant.tokens_per_min} "
+                f"Tenant '{tenant.name}' is over its budget of {tenant.tokens_per_min} "
                 f"tokens per minute; this request counts {kv_tokens} (prompt + max output). "
                 f"Retry after {hint.seconds} s.",
                 hint,
             )
         if promise is not None:
             self._promises.remove(promise)
+        ticket = self._take_ticket()
+        rank = tenant.priority.rank
+        if fitting and not self._queue.has_work_at_or_above(rank) and not self._promises.has_due(now_s, rank):
+            if len(fitting) > 1:
+                # Most room first; a stable sort keeps replicas with equal room in fleet order.
+                fitting.sort(key=kv_room_tokens, reverse=True)
+            self._queue.charge(tenant.name, tenant.weight, kv_tokens)
+            return Admit(tuple(fitting))
         wait_budget_s, client_bound = self._wait_budget(request)
-        rank = request.tenant.priority.rank
         entry = QueuedRequest(
-            self._take_ticket(),
-            request,
-            now_s,
-            now_s + wait_budget_s,
-            None if promise is None else promise.due_s,
+            ticket, request, now_s, now_s + wait_budget_s, None if promise is None else promise.due_s
         )
         if fitting:
-            if not self._queue.has_work_at_or_above(rank) and not self._promises.has_due(now_s, rank):
-                fitting.sort(key=_most_room_first)
-                self._queue.charge(request.tenant.name, request.tenant.weight, kv_tokens)
-                return Admit(tuple(fitting))
             candidates = self._place_in_order(entry, replicas, now_s)
             if candidates:
-                self._queue.charge(request.tenant.name, request.tenant.weight, kv_tokens)
+                self._queue.charge(tenant.name, tenant.weight, kv_tokens)
                 return Admit(candidates)
         expected_s = self._expected_wait_s(kv_tokens, model, self._ahead(entry), serving)
         queue_has_room = self._has_room(kv_tokens)
@@ -251,17 +252,18 @@ class AdmissionController:
 
     def _returning(self, request: AdmissionRequest) -> Promise | None:
         """The promise this request comes back to claim, if any."""
-        if request.fingerprint is None or request.retry_count == 0:
+        if request.body is None or request.retry_count == 0 or not len(self._promises):
             return None
-        return self._promises.find((request.tenant.name, request.fingerprint))
+        return self._promises.find((request.tenant.name, fingerprint(request.body)))
 
     def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> None:
         """Book the refused request a slot at its Retry-After, if it can be recognised and the
-        queue's bounds leave room."""
-        if request.fingerprint is None or not math.isfinite(expected_s):
+        queue's bounds leave room. The promise keeps the request's tenant and cost, not its body."""
+        if request.body is None or not math.isfinite(expected_s):
             return
         if self._has_room(request.cost.kv_tokens):
-            self._promises.book((request.tenant.name, request.fingerprint), request, now_s + expected_s)
+            key = (request.tenant.name, fingerprint(request.body))
+            self._promises.book(key, dataclasses.replace(request, body=None), now_s + expected_s)
 
     def _early(self, request: AdmissionRequest, promise: Promise, now_s: float) -> Reject:
         hint = retry_after(promise.due_s - now_s, self.config.retry_after_cap_s)
@@ -369,7 +371,7 @@ class AdmissionController:
                     default=0,
                 )
                 return ()
-            fitting.sort(key=_most_room_first)
+            fitting.sort(key=kv_room_tokens, reverse=True)
             chosen = fitting[0]
             load = chosen.load
             cost = entry.request.cost
@@ -473,10 +475,6 @@ class AdmissionController:
             f"No replica serving '{model}' is available. Retry after {hint.seconds} s.",
             hint,
         )
-
-
-def _most_room_first(view: ReplicaView) -> int:
-    return -kv_room_tokens(view)
 
 
 def _routable(view: ReplicaView, model: str, now_s: float) -> bool:

@@ -8,7 +8,7 @@ a value, never an exception.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from admission.cost import CostEstimate
@@ -32,9 +32,10 @@ class AdmissionRequest:
     cost: CostEstimate
     client_timeout_s: float | None = None
     """The client's own timeout from a deadline header (``client_timeout_s`` in admission.deadline)."""
-    fingerprint: bytes | None = None
-    """Digest of the request body, computed by the edge: with the tenant, it recognises a refused
-    request coming back to claim its promised slot (``admission.promises``). None: never promised."""
+    body: bytes | None = field(default=None, repr=False, compare=False)
+    """The request body as sent: with the tenant, its digest (``admission.promises.fingerprint``)
+    recognises a refused request coming back to claim its promised slot. Digested only when a
+    promise is booked or may be claimed, which most requests never need. None: never promised."""
     retry_count: int | None = None
     """The client's own count of earlier attempts (openai SDKs' ``x-stainless-retry-count``), when
     sent: 0 marks a first attempt, which never claims a promise even if an identical body holds one."""

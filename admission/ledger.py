@@ -189,7 +189,10 @@ class InMemoryLedger:
 
     def _put(self, held: Reservation) -> None:
         self._held[held.request_id] = held
-        self._by_replica.setdefault(held.replica_id, {})[held.request_id] = held
+        on_replica = self._by_replica.get(held.replica_id)
+        if on_replica is None:
+            on_replica = self._by_replica[held.replica_id] = {}
+        on_replica[held.request_id] = held
 
     def _shift(
         self, replica_id: str, prefill_tokens: int, sequences: int, decode_tokens: int, kv_tokens: int

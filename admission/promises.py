@@ -6,7 +6,7 @@ client that waited as told is refused again (14-28 % first-retry success at a 2 
 refusal for capacity books the request a slot in a virtual queue of promised returns: the slot's
 time is the drain estimate behind resident work, queued work and every promise of the same or a
 higher priority booked before it, and that time is the Retry-After. The same request coming back
-(same tenant, same body fingerprint, computed by the edge) within ``grace_s`` of its slot claims
+(same tenant, same body fingerprint) within ``grace_s`` of its slot claims
 it and goes ahead of new arrivals and queued work of its own class, never ahead of a higher class.
 While a promise is due (within ``grace_s`` of its time) the decision sets its KV aside on the
 simulated fleet before placing anything of the same or a lower class, so the room is still there
@@ -115,7 +115,12 @@ class PromiseBook:
 
     def has_due(self, now_s: float, rank: int) -> bool:
         """Is a promise of the same or a higher priority due by ``now_s``?"""
-        return any(p.rank <= rank for p in self.due(now_s))
+        for due_s, promise_id in self._order:
+            if due_s - self.grace_s > now_s:
+                return False
+            if self._by_id[promise_id].rank <= rank:
+                return True
+        return False
 
     def ahead(self, rank: int, model: str, due_s: float | None = None) -> Ahead:
         """Promised work for ``model`` served before a request of class ``rank``: every promise of

@@ -29,7 +29,7 @@ def freq(
         tenant or Tenant("t"),
         CostEstimate(MODEL, prompt, max_output, 131072),
         None,
-        fingerprint(body),
+        body,
         retry,
     )
 
@@ -97,9 +97,7 @@ def test_a_claimant_never_over_commits_the_fleet() -> None:
 def test_a_claimant_that_must_wait_is_queued_at_the_head_of_its_class() -> None:
     config = AdmissionConfig(max_queue_wait_s=10.0, promise_grace_s=1.0)
     fleet, resident = full_fleet(config)
-    hurried = AdmissionRequest(
-        "c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, fingerprint(b"c")
-    )
+    hurried = AdmissionRequest("c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, b"c")
     first = refused(fleet, hurried)
     assert first.reason is RejectReason.DEADLINE and first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s
@@ -164,7 +162,7 @@ def test_promises_count_against_the_queue_bounds() -> None:
     assert fleet.controller.queue_stats(0.0).promised_requests == 2
 
 
-def test_requests_without_a_fingerprint_are_never_promised() -> None:
+def test_requests_without_a_body_are_never_promised() -> None:
     fleet, _ = full_fleet()
     plain = AdmissionRequest("x", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072))
     refused(fleet, plain)
@@ -227,3 +225,10 @@ def test_promises_never_over_commit_a_replica(steps: list[tuple[str, int, Priori
             resident += [d.request.request_id for d in fleet.pump()]
         for view in fleet.views():
             assert view.load.reserved_kv_tokens <= view.capacity_kv_tokens
+
+
+def test_a_promise_keeps_the_body_digest_not_the_body() -> None:
+    fleet, _ = full_fleet()
+    refused(fleet, freq(b"c" * 1000))
+    (promise,) = fleet.controller._promises.due(float("inf"))
+    assert promise.key == ("t", fingerprint(b"c" * 1000)) and promise.request.body is None
