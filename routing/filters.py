@@ -49,15 +49,30 @@ class Gate:
         return None
 
     def admit(self, views: Sequence[ReplicaView]) -> tuple[list[ReplicaView], str]:
-        """The views that pass every filter and, when there are none, the binding reason."""
-        passed: list[ReplicaView] = []
+        """The views that pass every filter and, when there are none, the binding reason.
+
+        The test is ``rejection``'s, written out once over the request's fields: it runs on every
+        decision, while ``rejection`` is asked only for the reason when nothing passed."""
+        exclude = self.exclude
+        model = self.request.model
+        now_s = self.now_s
+        kv_tokens = self.request.kv_tokens
+        passed = [
+            view
+            for view in views
+            if view.replica_id not in exclude
+            and model in view.models
+            and view.healthy
+            and view.ready_since_s is not None
+            and view.ready_since_s <= now_s
+            and view.backoff_until_s <= now_s
+            and fits(view, kv_tokens, view.max_sequences)
+        ]
+        if passed:
+            return passed, ""
         furthest = -1
         for view in views:
             reason = self.rejection(view)
-            if reason is None:
-                passed.append(view)
-            elif not passed:
+            if reason is not None:
                 furthest = max(furthest, FILTER_REASONS.index(reason))
-        if passed:
-            return passed, ""
         return passed, FILTER_REASONS[furthest] if furthest >= 0 else NO_REPLICA

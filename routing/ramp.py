@@ -64,16 +64,22 @@ class Ramp:
             if view.ttft_ewma_s is not None:
                 ttft_sum_s += view.ttft_ewma_s
                 ttft_count += 1
+        warmup_s, min_ratio, aggression, factor = (
+            self.warmup_s,
+            self.min_ratio,
+            self.aggression,
+            self.cold_ttft_factor,
+        )
         weights: list[float] = []
         for view in views:
             ready_since_s = view.ready_since_s
             ready_for_s = now_s - ready_since_s if ready_since_s is not None else 0.0
-            weight = ramp_weight(ready_for_s, self.warmup_s, self.min_ratio, self.aggression)
+            weight = ramp_weight(ready_for_s, warmup_s, min_ratio, aggression)
             ttft_s = view.ttft_ewma_s
             if ttft_s is not None and ttft_count > 1:
                 others_mean_s = (ttft_sum_s - ttft_s) / (ttft_count - 1)
-                if ttft_s > self.cold_ttft_factor * others_mean_s:
-                    weight = self.min_ratio
+                if ttft_s > factor * others_mean_s:
+                    weight = min_ratio
             weights.append(weight)
         return weights
 

@@ -29,9 +29,4 @@ class RoutingRequest:
     def from_token_ids(
         cls, model: str, token_ids: Sequence[int], max_output_tokens: int, block_size: int = BLOCK_SIZE_TOKENS
     ) -> RoutingRequest:
-        return cls(
-            model=model,
-            prompt_tokens=len(token_ids),
-            max_output_tokens=max_output_tokens,
-            block_hashes=tuple(block_hashes(token_ids, block_size)),
-        )
+        return cls(model, len(token_ids), max_output_tokens, tuple(block_hashes(token_ids, block_size)))

@@ -4,6 +4,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from routing.filters import Gate
 from routing.load import load_ratios, within_bound
@@ -61,6 +63,31 @@ def test_empty_result_names_the_binding_filter() -> None:
     assert gate.admit([]) == ([], "no_replica")
     passed, reason = gate.admit([view("a", healthy=False), view("b")])
     assert [v.replica_id for v in passed] == ["b"] and reason == ""
+
+
+times = st.one_of(st.none(), st.floats(0.0, 20.0))
+views = st.builds(
+    view,
+    st.sampled_from(["a", "b", "c"]),
+    models=st.sampled_from([frozenset({MODEL}), frozenset({"other"})]),
+    healthy=st.booleans(),
+    ready_since_s=times,
+    backoff_until_s=st.floats(0.0, 20.0),
+    max_sequences=st.integers(0, 4),
+    load=st.builds(
+        ReplicaLoad, resident_sequences=st.integers(0, 4), reserved_kv_tokens=st.integers(0, 10_000)
+    ),
+)
+
+
+@given(st.lists(views, max_size=6), st.frozensets(st.sampled_from(["a", "b"])))
+def test_admit_passes_exactly_the_views_rejection_lets_through(
+    candidates: list[ReplicaView], exclude: frozenset[str]
+) -> None:
+    gate = Gate(REQUEST, 10.0, exclude)
+    passed, reason = gate.admit(candidates)
+    assert passed == [v for v in candidates if gate.rejection(v) is None]
+    assert (reason == "") == bool(passed)
 
 
 def scraped(usage: float, waiting: int, at_s: float) -> ScrapedMetrics:
