@@ -28,14 +28,14 @@ from admission.controller import AdmissionController
 from admission.cost import InvalidRequest, estimate_cost, requested_max_tokens
 from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
-from admission.promises import fingerprint, retry_count
+from admission.promises import retry_count
 from admission.retry_after import ServiceRates
 from config.schema import GatewayConfig
 from gateway.errors import BadRequest, GatewayError, ServiceUnavailable, TooManyRequests, Unauthorized
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptEncoder
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
-from routing.health import HealthRules, HealthState, HealthTracker, Outcome, outcome_of_status
+from routing.health import HealthRules, HealthState, HealthTracker, Outcome, ReplicaHealth, outcome_of_status
 from routing.replica import ReplicaLoad, ReplicaView
 from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
@@ -100,7 +100,8 @@ class KvgateDecider:
         self._encoder = PromptEncoder(config.models)
         state.removal_listeners.append(self.forget)
         self._waiting: dict[int, tuple[ProxyRequest, asyncio.Future[Route | Refusal]]] = {}
-        self._views: dict[str, tuple[ReplicaState, ReplicaView]] = {}
+        self._views: dict[str, tuple[ReplicaState, ReplicaHealth, ReplicaView]] = {}
+        """Per replica id: the view last built, with the state and health it was built from."""
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
         self.session: aiohttp.ClientSession | None = None
         self._itl_s = self._config.default_inter_token_s
@@ -112,15 +113,17 @@ class KvgateDecider:
     def views(self, now_s: float) -> list[ReplicaView]:
         """The fleet as the cores see it now. A replica's view is rebuilt only when something in
         it changed since the last call (its load, health, scrape or TTFT); otherwise the view
-        built then is handed out again (views are frozen, so sharing is safe)."""
+        built then is handed out again (views are frozen, so sharing is safe). Health states are
+        frozen too, so an unchanged one is the same object; only an ejected replica's view fields
+        depend on the time (its back-off ends), so only those are recomputed on every call."""
         foreign = self.foreign_loads()
-        ledger = self._state.ledger
-        health = self.health
+        load_of = self._state.ledger.load
+        health_of = self.health.get
         cache = self._views
         views = []
         for r in self._state.replicas.values():
             replica_id = r.replica_id
-            load = ledger.load(replica_id)
+            load = load_of(replica_id)
             other = foreign.get(replica_id) if foreign else None
             if other is not None:
                 load = ReplicaLoad(
@@ -129,20 +132,23 @@ class KvgateDecider:
                     load.remaining_decode_tokens + other.remaining_decode_tokens,
                     load.reserved_kv_tokens + other.reserved_kv_tokens,
                 )
-            healthy, ready_since_s, backoff_until_s = health.get(replica_id).view_fields(now_s)
+            health = health_of(replica_id)
             cached = cache.get(replica_id)
-            if cached is not None and cached[0] is r:
-                view = cached[1]
+            if cached is not None and cached[0] is r and cached[1] is health:
+                view = cached[2]
                 if (
                     view.load is load
-                    and view.healthy is healthy
-                    and view.ready_since_s == ready_since_s
-                    and view.backoff_until_s == backoff_until_s
                     and view.scraped is r.scraped
                     and view.ttft_ewma_s == r.ttft_ewma_s
+                    and (
+                        health.state is not HealthState.EJECTED
+                        or health.view_fields(now_s)
+                        == (view.healthy, view.ready_since_s, view.backoff_until_s)
+                    )
                 ):
                     views.append(view)
                     continue
+            healthy, ready_since_s, backoff_until_s = health.view_fields(now_s)
             view = ReplicaView(
                 replica_id,
                 r.url,
@@ -158,7 +164,7 @@ class KvgateDecider:
                 r.ttft_ewma_s,
                 backoff_until_s,
             )
-            cache[replica_id] = (r, view)
+            cache[replica_id] = (r, health, view)
             views.append(view)
         return views
 
@@ -180,7 +186,9 @@ class KvgateDecider:
         if isinstance(declared, InvalidRequest):
             return Refusal(BadRequest(declared.message, param=declared.param, reason="invalid_request"))
         try:
-            token_ids = await self._encode(request)
+            token_ids = self._encoder.encode_inline(request.model, request.body, len(request.raw_body))
+            if token_ids is None:
+                token_ids = await self._encode(request)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             message = f"cannot count the prompt's tokens with a replica of '{request.model}': {exc}"
             retry_after_s = self._config.no_replica_retry_after_s
@@ -200,7 +208,7 @@ class KvgateDecider:
             tenant,
             cost,
             client_timeout_s(headers, self._config),
-            fingerprint(request.raw_body),
+            request.raw_body,
             retry_count(headers),
         )
         request.admission = admission
@@ -255,7 +263,7 @@ class KvgateDecider:
         self, request: ProxyRequest, candidates: tuple[ReplicaView, ...], now_s: float
     ) -> Route | None:
         assert request.routing is not None and request.admission is not None
-        choice = self.router.choose(request.routing, candidates, now_s, exclude=frozenset(request.tried))
+        choice = self.router.choose(request.routing, candidates, now_s, exclude=request.tried)
         if choice.replica_id is None:
             return None
         replica = self._state.replicas.get(choice.replica_id)

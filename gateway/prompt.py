@@ -36,19 +36,12 @@ class PromptEncoder:
         """Whether ``model`` is counted here (no replica needed)."""
         return self._local[model][0] is not None
 
-    async def encode(
-        self,
-        model: str,
-        body: Mapping[str, Any],
-        raw_size_bytes: int,
-        session: aiohttp.ClientSession,
-        url: str,
-    ) -> list[int]:
+    def encode_inline(self, model: str, body: Mapping[str, Any], raw_size_bytes: int) -> list[int] | None:
+        """The ids when they are counted here, on the event loop (a local tokeniser and a body of at
+        most ``OFF_LOOP_TEXT_BYTES``); None when ``encode`` must ask a replica or a worker thread."""
         tokenizer, template = self._local[model]
-        if tokenizer is None:
-            return await _replica_tokens(session, url, model, body)
-        if raw_size_bytes > OFF_LOOP_TEXT_BYTES:
-            return await asyncio.to_thread(encode_prompt, body, tokenizer, template)
+        if tokenizer is None or raw_size_bytes > OFF_LOOP_TEXT_BYTES:
+            return None
         prompt = prompt_of(body, template)
         if isinstance(prompt, list):
             return prompt
@@ -61,6 +54,22 @@ class PromptEncoder:
                 del cache[next(iter(cache))]
         cache[key] = ids
         return ids
+
+    async def encode(
+        self,
+        model: str,
+        body: Mapping[str, Any],
+        raw_size_bytes: int,
+        session: aiohttp.ClientSession,
+        url: str,
+    ) -> list[int]:
+        ids = self.encode_inline(model, body, raw_size_bytes)
+        if ids is not None:
+            return ids
+        tokenizer, template = self._local[model]
+        if tokenizer is None:
+            return await _replica_tokens(session, url, model, body)
+        return await asyncio.to_thread(encode_prompt, body, tokenizer, template)
 
 
 async def _replica_tokens(
