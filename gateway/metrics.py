@@ -419,6 +419,13 @@ class GatewayMetrics:
             )
         return decided
 
+    def _admitted_for(self, pool: str, model: str, reason: str) -> _Decisions:
+        """The first admission of a pool and model also creates its series, so its histograms and
+        token counters are exported (at zero) from then on."""
+        if (pool, model) not in self._series:
+            self._series_for(pool, model)
+        return self._decisions_for(pool, model, "admit", reason)
+
     def _series_for(self, pool: str, model: str) -> _Series:
         series = self._series.get((pool, model))
         if series is None:
@@ -502,14 +509,12 @@ class GatewayMetrics:
 
     def count_admitted(self, pool: str, model: str, reason: str, queue_wait_s: float | None) -> None:
         """One admission, with its queue wait (None: not observed here)."""
-        decided = self._decided.get((pool, model, "admit", reason)) or self._decisions_for(
-            pool, model, "admit", reason
-        )
+        decided = self._decided.get((pool, model, "admit", reason)) or self._admitted_for(pool, model, reason)
         decided.count.value += 1
         now_s = self._clock()
         decided.window.add(1, now_s)
-        series = self._series.get((pool, model)) or self._series_for(pool, model)
         if queue_wait_s is not None:
+            series = self._series.get((pool, model)) or self._series_for(pool, model)
             self._queue_wait.observe(series.queue_wait, queue_wait_s)
             series.queue_wait_window.observe(queue_wait_s, now_s)
 

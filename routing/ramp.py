@@ -26,7 +26,7 @@ def ramp_weight(ready_for_s: float, warmup_s: float, min_ratio: float, aggressio
     if ready_for_s <= 0:
         return min_ratio
     ramped: float = (ready_for_s / warmup_s) ** (1.0 / aggression)
-    return max(min_ratio, ramped)
+    return ramped if ramped > min_ratio else min_ratio
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ class Scorer(Protocol):
 def outstanding_tokens(
     request: RoutingRequest, candidates: Sequence[ReplicaView], context: ScoringContext
 ) -> list[float]:
-    return [1.0 - min(1.0, load) for load in context.load_ratios]
+    return [1.0 - load if load < 1.0 else 0.0 for load in context.load_ratios]
 
 
 def prefix_locality(
