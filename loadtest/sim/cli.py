@@ -19,7 +19,7 @@ from loadtest.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
 from loadtest.sim.replica import SimReplica
 from routing.replica import Role
 
-_OVERRIDES = ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len")
+_OVERRIDES = ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "warmup_s")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument(
         "--cold-start-s", type=float, default=None, help="seconds before a replica listens (default: profile)"
+    )
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=None,
+        help="seconds after a cold start during which steps run slower, easing back (default: profile)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds output lengths and ids (default 0)")
 

@@ -29,7 +29,12 @@ def test_unknown_profile_is_rejected_by_the_parser() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["sim", "--kv-capacity-tokens", "-5"], ["sim", "--max-num-seqs", "0"], ["sim", "--time-scale", "-1"]],
+    [
+        ["sim", "--kv-capacity-tokens", "-5"],
+        ["sim", "--max-num-seqs", "0"],
+        ["sim", "--time-scale", "-1"],
+        ["sim", "--warmup-s", "-1"],
+    ],
 )
 def test_bad_numbers_exit_2_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert run(_parse(argv)) == 2
