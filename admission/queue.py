@@ -168,7 +168,7 @@ class WaitQueue:
 
     def has_work_at_or_above(self, rank: int) -> bool:
         """Is anything queued with the same or a higher priority (a lower or equal rank)?"""
-        return any(r <= rank for r in self._classes)
+        return bool(self._classes) and min(self._classes) <= rank
 
     def ahead_of_claimant(self, rank: int, model: str) -> Ahead:
         """Work for ``model`` dispatched before a claimant of class ``rank``: higher classes and the

@@ -45,6 +45,7 @@ _TTFT_EWMA_WEIGHT = 0.2
 _ITL_EWMA_WEIGHT = 0.05
 PUMP_INTERVAL_S = 0.05
 _UNBOUNDED = 1 << 40
+EJECTED = HealthState.EJECTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +115,8 @@ class KvgateDecider:
         """The fleet as the cores see it now. A replica's view is rebuilt only when something in
         it changed since the last call (its load, health, scrape or TTFT); otherwise the view
         built then is handed out again (views are frozen, so sharing is safe). Health states are
-        frozen too, so an unchanged one is the same object; only an ejected replica's view fields
-        depend on the time (its back-off ends), so only those are recomputed on every call."""
+        frozen too: while a replica's is the same object its view fields are the ones its view
+        holds, except an ejected replica's, which depend on the time (its back-off ends)."""
         foreign = self.foreign_loads()
         load_of = self._state.ledger.load
         health_of = self.health.get
@@ -134,21 +135,22 @@ class KvgateDecider:
                 )
             health = health_of(replica_id)
             cached = cache.get(replica_id)
-            if cached is not None and cached[0] is r and cached[1] is health:
-                view = cached[2]
-                if (
-                    view.load is load
-                    and view.scraped is r.scraped
-                    and view.ttft_ewma_s == r.ttft_ewma_s
-                    and (
-                        health.state is not HealthState.EJECTED
-                        or health.view_fields(now_s)
-                        == (view.healthy, view.ready_since_s, view.backoff_until_s)
-                    )
-                ):
-                    views.append(view)
-                    continue
-            healthy, ready_since_s, backoff_until_s = health.view_fields(now_s)
+            old = cached[2] if cached is not None and cached[0] is r else None
+            if old is not None and cached is not None and cached[1] is health and health.state is not EJECTED:
+                healthy, ready_since_s, backoff_until_s = old.healthy, old.ready_since_s, old.backoff_until_s
+            else:
+                healthy, ready_since_s, backoff_until_s = health.view_fields(now_s)
+            if (
+                old is not None
+                and old.load is load
+                and old.healthy is healthy
+                and old.ready_since_s == ready_since_s
+                and old.backoff_until_s == backoff_until_s
+                and old.scraped is r.scraped
+                and old.ttft_ewma_s == r.ttft_ewma_s
+            ):
+                views.append(old)
+                continue
             view = ReplicaView(
                 replica_id,
                 r.url,
