@@ -497,12 +497,9 @@ class GatewayMetrics:
             series.itl_window.observe_many(itl_gaps_s, now_s)
         if prompt_tokens is None:
             return
-        windows = series.windows
         series.prompt_tokens.inc(prompt_tokens)
         series.output_tokens.inc(output_tokens)
-        windows.prompt_tokens.add(prompt_tokens, now_s)
-        windows.output_tokens.add(output_tokens, now_s)
-        windows.requests.add(1, now_s)
+        series.windows.served.add(prompt_tokens, output_tokens, now_s)
         if estimated_prompt_tokens is not None and prompt_tokens > 0:
             ratio = self._tokenizer_ratio
             ratio.observe(ratio.labels(model), estimated_prompt_tokens / prompt_tokens)

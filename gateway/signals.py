@@ -204,12 +204,55 @@ class CountWindow:
         return self.total(now_s) / span_s
 
 
+class ServedWindow:
+    """Finished requests over the last ``window_s`` seconds: their prompt tokens, output tokens and
+    count, read as per-second rates. The three always change together, so each second's slot holds
+    all three sums and a request is recorded with one slot lookup (``CountWindow`` semantics)."""
+
+    __slots__ = ("_first_s", "_slots", "_window_s", "_window_slots")
+
+    def __init__(self, window_s: float) -> None:
+        self._window_s = window_s
+        self._window_slots = max(1, math.ceil(window_s / SLOT_S))
+        self._slots: deque[list[int]] = deque()
+        """[second, prompt tokens, output tokens, requests] per slot."""
+        self._first_s: float | None = None
+
+    def add(self, prompt_tokens: int, output_tokens: int, now_s: float) -> None:
+        index = int(now_s // SLOT_S)
+        if self._first_s is None:
+            self._first_s = now_s
+        slots = self._slots
+        if not slots or slots[-1][0] != index:
+            slots.append([index, 0, 0, 0])
+            self._prune(index)
+        slot = slots[-1]
+        slot[1] += prompt_tokens
+        slot[2] += output_tokens
+        slot[3] += 1
+
+    def _prune(self, index: int) -> None:
+        while self._slots and self._slots[0][0] <= index - self._window_slots:
+            self._slots.popleft()
+
+    def rates_per_s(self, now_s: float) -> tuple[float, float, float]:
+        """Prompt tokens, output tokens and requests per second."""
+        if self._first_s is None:
+            return 0.0, 0.0, 0.0
+        self._prune(int(now_s // SLOT_S))
+        span_s = min(self._window_s, max(SLOT_S, now_s - self._first_s))
+        slots = self._slots
+        return (
+            sum(slot[1] for slot in slots) / span_s,
+            sum(slot[2] for slot in slots) / span_s,
+            sum(slot[3] for slot in slots) / span_s,
+        )
+
+
 @dataclass(slots=True)
 class PoolWindows:
     latency: dict[str, LatencyWindow]
-    prompt_tokens: CountWindow
-    output_tokens: CountWindow
-    requests: CountWindow
+    served: ServedWindow
     decisions: dict[str, CountWindow]
 
 
@@ -236,9 +279,7 @@ class SignalsWindow:
             w = self.window_s
             windows = PoolWindows(
                 latency={kind: LatencyWindow(w) for kind in LATENCY_KINDS},
-                prompt_tokens=CountWindow(w),
-                output_tokens=CountWindow(w),
-                requests=CountWindow(w),
+                served=ServedWindow(w),
                 decisions={},
             )
             self._pools[pool] = windows
@@ -249,10 +290,7 @@ class SignalsWindow:
 
     def count_tokens(self, pool: str, prompt_tokens: int, output_tokens: int) -> None:
         now_s = self._clock()
-        windows = self.pool_windows(pool)
-        windows.prompt_tokens.add(prompt_tokens, now_s)
-        windows.output_tokens.add(output_tokens, now_s)
-        windows.requests.add(1, now_s)
+        self.pool_windows(pool).served.add(prompt_tokens, output_tokens, now_s)
 
     def count_decision(self, pool: str, decision: str, now_s: float | None = None) -> None:
         self.decision_window(pool, decision).add(1, self._clock() if now_s is None else now_s)
@@ -283,6 +321,7 @@ class SignalsWindow:
         windows = self.pool_windows(pw.pool)
         q = self.quantile
         desired = self._desired.get(pw.pool)
+        prompt_tokens_per_s, output_tokens_per_s, requests_per_s = windows.served.rates_per_s(now_s)
         return {
             "role": str(pw.role),
             "replicas_current": len(pw.replicas),
@@ -299,9 +338,9 @@ class SignalsWindow:
             "itl_p95_s": windows.latency["itl"].quantile(q, now_s),
             "queue_wait_p95_s": windows.latency["queue_wait"].quantile(q, now_s),
             "e2e_p95_s": windows.latency["e2e"].quantile(q, now_s),
-            "prompt_tokens_per_s": windows.prompt_tokens.rate_per_s(now_s),
-            "output_tokens_per_s": windows.output_tokens.rate_per_s(now_s),
-            "requests_per_s": windows.requests.rate_per_s(now_s),
+            "prompt_tokens_per_s": prompt_tokens_per_s,
+            "output_tokens_per_s": output_tokens_per_s,
+            "requests_per_s": requests_per_s,
             "decisions": {d: w.total(now_s) for d, w in sorted(windows.decisions.items())},
             "desired_replicas": desired.replicas if desired else None,
             "desired_reason": desired.reason if desired else None,
