@@ -320,8 +320,9 @@ class AdmissionController:
         return self.config.max_queue_wait_s, False
 
     def _max_active(self, view: ReplicaView) -> int:
+        """The guard: the configured limit, or the replica's own sequence slots when fewer."""
         limit = self.config.max_active_sequences_per_replica
-        return min(limit, view.max_sequences) if view.max_sequences > 0 else limit
+        return view.max_sequences if 0 < view.max_sequences < limit else limit
 
     def _placer(self, replicas: Sequence[ReplicaView], now_s: float) -> Place:
         """``_fleet_placer``, where each entry first sets aside room for the due promises that go

@@ -43,7 +43,10 @@ def load_ratios(views: Sequence[ReplicaView], now_s: float, stale_s: float) -> l
     """Each candidate's load on the same metric: corrected by scrapes only if every scrape is fresh."""
     if views and all_fresh(views, now_s, stale_s):
         return [max(own_load_ratio(v), scraped_load_ratio(v)) for v in views]
-    return [own_load_ratio(v) for v in views]
+    # own_load_ratio, written out: this runs for every candidate of every decision.
+    return [
+        (v.load.prefill_tokens_pending + v.load.remaining_decode_tokens) / v.capacity_kv_tokens for v in views
+    ]
 
 
 def within_bound(

@@ -17,6 +17,6 @@ def pick_best(totals: Sequence[float], rng: random.Random) -> int:
     """Index of the winning total; ``totals`` must not be empty."""
     if len(totals) == 1:
         return 0
-    best = max(totals)
-    tied = [i for i, total in enumerate(totals) if total >= best - TIE_EPSILON]
+    floor = max(totals) - TIE_EPSILON
+    tied = [i for i, total in enumerate(totals) if total >= floor]
     return tied[0] if len(tied) == 1 else rng.choice(tied)

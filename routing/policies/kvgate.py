@@ -120,11 +120,11 @@ class KvgatePolicy:
 def _weighted_sums(
     parts: dict[str, list[float]], scorers: Sequence[tuple[str, Scorer, float]]
 ) -> list[float]:
-    """Each candidate's total: its scores times their weights, added in the scorers' order."""
-    totals: list[float] = []
-    for name, _, weight in scorers:
-        if not totals:
-            totals = [weight * part for part in parts[name]]
-        else:
-            totals = [total + weight * part for total, part in zip(totals, parts[name], strict=True)]
+    """Each candidate's total: its scores times their weights, added in the scorers' order. A first
+    scorer of weight 1 starts the totals as its own column (``1.0 * x == x``), shared, not copied:
+    neither list changes after the decision."""
+    (first, _, first_weight), *rest = scorers
+    totals = parts[first] if first_weight == 1.0 else [first_weight * part for part in parts[first]]
+    for name, _, weight in rest:
+        totals = [total + weight * part for total, part in zip(totals, parts[name], strict=True)]
     return totals
