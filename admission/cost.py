@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from config.admission import AdmissionConfig, MaxTokensPolicy
+from routing.value import frozen_value
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class CostEstimate:
     model: str
     prompt_tokens: int

@@ -15,6 +15,7 @@ from admission.cost import CostEstimate
 from admission.retry_after import RetryAfter
 from admission.tenants import Tenant
 from routing.replica import ReplicaView
+from routing.value import frozen_value
 
 
 class RejectReason(StrEnum):
@@ -25,7 +26,7 @@ class RejectReason(StrEnum):
     NO_REPLICA = "no_replica"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class AdmissionRequest:
     request_id: str
     tenant: Tenant
@@ -45,7 +46,7 @@ class AdmissionRequest:
         return self.cost.model
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class Admit:
     candidates: tuple[ReplicaView, ...]
     """Replicas with room for the worst case and a free sequence slot, most room first."""

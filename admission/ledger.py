@@ -16,14 +16,15 @@ stopped renewing, so a crashed gateway's reservations do not leak capacity forev
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Protocol
 
 from admission.cost import CostEstimate
 from routing.replica import ReplicaLoad
+from routing.value import frozen_value
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class Reservation:
     request_id: str
     replica_id: str

@@ -40,6 +40,7 @@ from routing.replica import ReplicaLoad, ReplicaView
 from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
 from routing.router import Router
+from routing.value import frozen_value
 
 _TTFT_EWMA_WEIGHT = 0.2
 _ITL_EWMA_WEIGHT = 0.05
@@ -48,7 +49,7 @@ _UNBOUNDED = 1 << 40
 EJECTED = HealthState.EJECTED
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class Route:
     replica: ReplicaState
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from routing.value import frozen_value
+
 
 @dataclass(frozen=True, slots=True)
 class CandidateScore:
@@ -25,7 +27,7 @@ class CandidateScore:
     matched_blocks: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class ScoreColumns:
     replica_ids: Sequence[str]
     totals: Sequence[float]
@@ -37,7 +39,7 @@ class ScoreColumns:
 _NO_SCORES = ScoreColumns((), (), {}, (), ())
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class RoutingDecision:
     replica_id: str | None
     reason: str

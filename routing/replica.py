@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from routing.value import frozen_value
+
 
 class Role(StrEnum):
     MIXED = "mixed"
@@ -30,7 +32,7 @@ class ScrapedMetrics:
     scraped_at_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class ReplicaLoad:
     """kvgate's reservations on a replica: the work it has sent there and not yet seen finish."""
 
@@ -48,7 +50,7 @@ class ReplicaLoad:
         return self.prefill_tokens_pending + self.remaining_decode_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class ReplicaView:
     replica_id: str
     url: str

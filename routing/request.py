@@ -9,12 +9,12 @@ can occupy: the whole prompt plus every output token it may produce.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from routing.prefix_hash import BLOCK_SIZE_TOKENS, block_hashes
+from routing.value import frozen_value
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class RoutingRequest:
     model: str
     prompt_tokens: int

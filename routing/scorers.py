@@ -14,14 +14,14 @@ hold it: such a replica competes on load alone, where any candidate below the me
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from routing.replica import ReplicaView
 from routing.request import RoutingRequest
+from routing.value import frozen_value
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_value
 class ScoringContext:
     now_s: float
     load_ratios: Sequence[float]
