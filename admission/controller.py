@@ -86,7 +86,7 @@ class AdmissionController:
         self._promises.expire(now_s)
         cost = request.cost
         kv_tokens = cost.kv_tokens
-        model = request.model
+        model = cost.model
         serving: list[ReplicaView] = []
         fitting: list[ReplicaView] = []
         largest = 0

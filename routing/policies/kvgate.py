@@ -123,8 +123,8 @@ def _weighted_sums(
     """Each candidate's total: its scores times their weights, added in the scorers' order. A first
     scorer of weight 1 starts the totals as its own column (``1.0 * x == x``), shared, not copied:
     neither list changes after the decision."""
-    (first, _, first_weight), *rest = scorers
-    totals = parts[first] if first_weight == 1.0 else [first_weight * part for part in parts[first]]
-    for name, _, weight in rest:
+    name, _, weight = scorers[0]
+    totals = parts[name] if weight == 1.0 else [weight * part for part in parts[name]]
+    for name, _, weight in scorers[1:]:
         totals = [total + weight * part for total, part in zip(totals, parts[name], strict=True)]
     return totals
