@@ -43,8 +43,13 @@ class RetryBudget:
         )
 
     def record_request(self, now_s: float) -> None:
-        """Count one first attempt (not a retry) towards the budget."""
-        self._requests_s.append(now_s)
+        """Count one first attempt (not a retry) towards the budget. Stamps that left the window go
+        here too, so a gateway that never retries keeps one window of them, not every request's."""
+        stamps = self._requests_s
+        stamps.append(now_s)
+        oldest_s = now_s - self._window_s
+        while stamps and stamps[0] <= oldest_s:
+            stamps.popleft()
 
     def decide(self, now_s: float, retries_so_far: int, first_byte_sent: bool) -> RetryVerdict:
         """Whether this request may retry now; an allowed retry is spent from the budget."""

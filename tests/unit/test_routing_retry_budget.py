@@ -27,3 +27,11 @@ def test_budget_is_a_fraction_of_recent_requests_plus_a_floor() -> None:
 def test_quiet_gateway_still_gets_the_floor() -> None:
     budget = RetryBudget.from_config(RoutingConfig(retry_budget_floor=3, retry_budget_ratio=0.0))
     assert [budget.decide(0.0, 0, False).allowed for _ in range(4)] == [True, True, True, False]
+
+
+def test_requests_without_retries_keep_only_one_window_of_stamps() -> None:
+    budget = RetryBudget(ratio=0.2, floor=2, window_s=10.0, max_retries=2)
+    for i in range(10_000):
+        budget.record_request(i * 0.1)
+    assert len(budget._requests_s) == 100
+    assert budget.window_counts(999.9) == (100, 0)
