@@ -1,8 +1,9 @@
-"""The one shared aiohttp session every upstream call goes through.
+"""The one shared aiohttp session of every upstream call but the completion routes' own.
 
-Sized for thousands of concurrent streams; connections are kept alive per replica. Bodies are
-relayed untouched: no automatic decompression and no ``Accept-Encoding``/``User-Agent`` added, so
-the bytes a client receives are the bytes the replica wrote. No cookie jar: one client's cookies
+Health probes, ``/metrics`` scrapes and ``/tokenize`` go through it; the two
+completion routes use ``gateway.replica_http.ReplicaClient``, which costs a fifth of its CPU per
+request. Connections are kept alive per replica. Bodies are taken untouched: no automatic
+decompression and no ``Accept-Encoding``/``User-Agent`` added. No cookie jar: one client's cookies
 must never reach another client's request. aiohttp sets ``TCP_NODELAY`` on every
 connection it opens (``aiohttp.base_protocol.BaseProtocol.connection_made``).
 """
