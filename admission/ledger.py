@@ -16,6 +16,7 @@ stopped renewing, so a crashed gateway's reservations do not leak capacity forev
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -173,10 +174,16 @@ class InMemoryLedger:
         return list(self._by_replica.get(replica_id, {}).values())
 
     def load(self, replica_id: str) -> ReplicaLoad:
-        return self._loads.get(replica_id, _EMPTY)
+        return self._loads.get(replica_id, NO_LOAD)
+
+    @property
+    def loads(self) -> Mapping[str, ReplicaLoad]:
+        """Every replica holding reservations, by id, live (a replica not in it has ``NO_LOAD``):
+        for callers that read many replicas' loads at once."""
+        return self._loads
 
     def totals(self) -> ReplicaLoad:
-        total = _EMPTY
+        total = NO_LOAD
         for load in self._loads.values():
             total = _sum(total, load, +1)
         return total
@@ -200,7 +207,7 @@ class InMemoryLedger:
     ) -> None:
         """Move ``replica_id``'s sums by the given deltas: one ``ReplicaLoad`` per change, and a
         replica whose sums are all zero has no entry (so ``load`` hands out the shared empty one)."""
-        old = self._loads.get(replica_id, _EMPTY)
+        old = self._loads.get(replica_id, NO_LOAD)
         load = ReplicaLoad(
             old.prefill_tokens_pending + prefill_tokens,
             old.resident_sequences + sequences,
@@ -219,7 +226,8 @@ class InMemoryLedger:
             self._loads[replica_id] = load
 
 
-_EMPTY = ReplicaLoad()
+NO_LOAD = ReplicaLoad()
+"""The load of a replica holding no reservation: one shared object, so it compares by identity."""
 
 
 def _sum(a: ReplicaLoad, b: ReplicaLoad, sign: int) -> ReplicaLoad:

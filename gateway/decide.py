@@ -28,6 +28,7 @@ from admission.controller import AdmissionController
 from admission.cost import InvalidRequest, estimate_cost, requested_max_tokens
 from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
+from admission.ledger import NO_LOAD
 from admission.promises import retry_count
 from admission.retry_after import ServiceRates
 from config.schema import GatewayConfig
@@ -35,7 +36,15 @@ from gateway.errors import BadRequest, GatewayError, ServiceUnavailable, TooMany
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptEncoder
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
-from routing.health import HealthRules, HealthState, HealthTracker, Outcome, ReplicaHealth, outcome_of_status
+from routing.health import (
+    STARTING,
+    HealthRules,
+    HealthState,
+    HealthTracker,
+    Outcome,
+    ReplicaHealth,
+    outcome_of_status,
+)
 from routing.replica import ReplicaLoad, ReplicaView
 from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
@@ -119,13 +128,13 @@ class KvgateDecider:
         frozen too: while a replica's is the same object its view fields are the ones its view
         holds, except an ejected replica's, which depend on the time (its back-off ends)."""
         foreign = self.foreign_loads()
-        load_of = self._state.ledger.load
-        health_of = self.health.get
+        loads = self._state.ledger.loads
+        states = self.health.states
         cache = self._views
         views = []
         for r in self._state.replicas.values():
             replica_id = r.replica_id
-            load = load_of(replica_id)
+            load = loads.get(replica_id, NO_LOAD)
             other = foreign.get(replica_id) if foreign else None
             if other is not None:
                 load = ReplicaLoad(
@@ -134,7 +143,7 @@ class KvgateDecider:
                     load.remaining_decode_tokens + other.remaining_decode_tokens,
                     load.reserved_kv_tokens + other.reserved_kv_tokens,
                 )
-            health = health_of(replica_id)
+            health = states.get(replica_id, STARTING)
             cached = cache.get(replica_id)
             old = cached[2] if cached is not None and cached[0] is r else None
             if old is not None and cached is not None and cached[1] is health and health.state is not EJECTED:

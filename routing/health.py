@@ -17,6 +17,7 @@ a probe cannot reset the reservations kvgate holds on a replica.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
@@ -155,7 +156,8 @@ class ReplicaHealth:
         return replace(view, healthy=healthy, ready_since_s=ready_since_s, backoff_until_s=backoff_until_s)
 
 
-_STARTING = ReplicaHealth()
+STARTING = ReplicaHealth()
+"""The health of a replica never observed: one shared object, so it compares by identity."""
 
 
 class HealthTracker:
@@ -174,7 +176,13 @@ class HealthTracker:
 
     def get(self, replica_id: str) -> ReplicaHealth:
         health = self._health.get(replica_id)
-        return _STARTING if health is None else health
+        return STARTING if health is None else health
+
+    @property
+    def states(self) -> Mapping[str, ReplicaHealth]:
+        """Every observed replica's health, by id, live (one never observed is ``STARTING``): for
+        callers that read many replicas at once."""
+        return self._health
 
     def remove(self, replica_id: str) -> None:
         self._health.pop(replica_id, None)
