@@ -219,6 +219,7 @@ class _Connection(asyncio.Protocol):
             and self.transport is not None
             and not self.transport.is_closing()
             and self._keep_alive
+            and not self._paused  # left unread while reading was stopped: not worth resuming
         )
 
     def _wake(self) -> None:

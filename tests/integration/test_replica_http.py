@@ -377,3 +377,27 @@ def test_an_answer_that_is_not_http_is_a_protocol_error(run: Any) -> None:
             await replicas.close()
 
     run(main)
+
+
+def test_a_response_left_unread_while_reading_was_stopped_is_not_pooled(run: Any) -> None:
+    big = b"x" * (400 * 1024)  # above the high-water mark, small enough to arrive whole
+
+    async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            request = await read_request(server, reader)
+            writer.write(json_response(big if b"big" in request else b"{}"))
+            await writer.drain()
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            replicas = client(first_byte_s=2.0)
+            abandoned = await replicas.post(server.url, "/v1/completions", b"big", HEADERS, stream=True)
+            await asyncio.sleep(0.2)  # the whole body arrives; reading stopped above the high-water mark
+            abandoned.release()
+            response = await replicas.post(server.url, "/v1/completions", b"{}", HEADERS, stream=False)
+            assert await response.read() == b"{}"
+            response.release()
+            assert server.connections == 2
+            await replicas.close()
+
+    run(main)
