@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import yaml
 
+from loadtest.client import wait_until_ok
+
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KV_CAPACITY_TOKENS = 20000
 MAX_NUM_SEQS = 64
@@ -64,19 +66,6 @@ class Phase:
     name: str
     outcomes: list[Outcome] = field(default_factory=list)
     preemptions: float = 0.0
-
-
-async def _wait_http(session: aiohttp.ClientSession, url: str, timeout_s: float = 60.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            async with session.get(url) as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} did not become ready")
 
 
 async def _preemptions(session: aiohttp.ClientSession, urls: list[str]) -> float:
@@ -174,7 +163,7 @@ async def _phase(
     timeout = aiohttp.ClientTimeout(total=600)
     try:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await _wait_http(session, url + "/readyz")
+            await wait_until_ok(session, url + "/readyz")
             before = await _preemptions(session, replica_urls)
             start = time.monotonic()
             tasks = []
@@ -261,7 +250,7 @@ async def main() -> None:
     try:
         async with aiohttp.ClientSession() as session:
             for url in replica_urls:
-                await _wait_http(session, url + "/health")
+                await wait_until_ok(session, url + "/health")
         print(
             f"{args.replicas} simulated replicas (KV {KV_CAPACITY_TOKENS} tokens, {MAX_NUM_SEQS} seqs, "
             "time scale 1), "

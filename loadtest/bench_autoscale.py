@@ -55,7 +55,7 @@ from autoscaler.signals import PoolSignals
 from config.autoscaler import AutoscalerConfig, PoolPolicy
 from gateway.autoscale_actuators import SimActuator
 from gateway.autoscale_loop import fetch_signals
-from loadtest.client import RequestRecord
+from loadtest.client import RequestRecord, wait_until_ok
 from loadtest.runner import RunOptions, Target
 from loadtest.runner import run as runner_run
 from loadtest.workload import Workload, build_trace, parse_workload
@@ -639,20 +639,6 @@ def _free_port_range(count: int) -> int:
     raise RuntimeError("no free port range")
 
 
-async def _wait_http(session: aiohttp.ClientSession, url: str, timeout_s: float = 60.0) -> None:
-    deadline_s = time.monotonic() + timeout_s
-    while True:
-        try:
-            async with session.get(url) as response:
-                if response.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        if time.monotonic() > deadline_s:
-            raise RuntimeError(f"{url} did not answer 200 within {timeout_s} s")
-        await asyncio.sleep(0.2)
-
-
 async def run_real(name: str, brain_name: str, plan: RealPlan, workdir: Path) -> RealRun:
     """One closed-loop run: fleet, gateway, actuator loop and load, all real processes and sockets."""
     kvgate = str(Path(sys.executable).with_name("kvgate"))
@@ -679,8 +665,8 @@ async def run_real(name: str, brain_name: str, plan: RealPlan, workdir: Path) ->
     try:
         traces = [build_trace(w, plan.seed, salt=i) for i, w in enumerate(real_workloads(plan))]
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            await _wait_http(session, f"{control_url}/replicas")
-            await _wait_http(session, f"{gateway_url}/readyz")
+            await wait_until_ok(session, f"{control_url}/replicas")
+            await wait_until_ok(session, f"{gateway_url}/readyz")
             actuator = SimActuator(
                 session,
                 {"default": control_url},

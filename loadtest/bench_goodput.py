@@ -29,7 +29,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.client import wait_until_ok
 from loadtest.compare import ratios, run_compare, summaries_for
 from loadtest.report import Slo, Summary, class_table
 from loadtest.runner import RunOptions, RunResult, Target
@@ -183,17 +183,6 @@ def start_gateway(
     return f"http://127.0.0.1:{port}"
 
 
-async def wait_ready(session: aiohttp.ClientSession, url: str, timeout_s: float = 60.0) -> None:
-    end_s = time.monotonic() + timeout_s
-    while time.monotonic() < end_s:
-        with contextlib.suppress(aiohttp.ClientError):
-            async with session.get(url) as response:
-                if response.status == 200:
-                    return
-        await asyncio.sleep(0.2)
-    raise RuntimeError(f"{url} did not become ready")
-
-
 async def fleet_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> FleetCounters:
     hits = queries = 0.0
     lag = 0.0
@@ -307,7 +296,7 @@ async def bench(args: argparse.Namespace) -> None:
         gateways = {policy: start_gateway(started, fleets[policy], policy, args) for policy in POLICIES}
         async with aiohttp.ClientSession() as session:
             for url in gateways.values():
-                await wait_ready(session, url + "/readyz")
+                await wait_until_ok(session, url + "/readyz")
             before = {p: await fleet_counters(session, fleets[p]) for p in POLICIES}
             targets = [Target(p, gateways[p], DEFAULT_MODEL) for p in POLICIES]
             results = await run_compare(

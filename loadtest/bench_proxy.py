@@ -39,6 +39,8 @@ import httptools
 import orjson
 import psutil
 
+from loadtest.client import wait_until_ok
+
 MODEL = "bench-model"
 CHUNKS = 50
 PACE_HEADER = "x-bench-pace-ms"
@@ -247,19 +249,6 @@ def serve_gateway(config_json: str) -> None:
     serve(config, log_level="warning")
 
 
-async def _wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(200):
-            try:
-                async with session.get(url + "/readyz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-    raise RuntimeError("gateway never became ready")
-
-
 SCENARIOS: list[tuple[str, bool, float]] = [
     ("non-stream", False, 0.0),
     ("stream", True, 0.0),
@@ -285,7 +274,8 @@ async def run(
         processes.append(_spawn(["--backend", ",".join(map(str, backend_ports))]))
         gateway = _spawn(["--gateway", _gateway_config(backend_ports, gateway_port)], wrapper=profiler)
         processes.append(gateway)
-        await _wait_ready(gateway_url)
+        async with aiohttp.ClientSession() as session:
+            await wait_until_ok(session, gateway_url + "/readyz")
         gateway_cpu = psutil.Process(gateway.pid)
         if profile_out:
             gateway_cpu = gateway_cpu.children()[0]

@@ -25,6 +25,7 @@ import orjson
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.client import wait_until_ok
 from loadtest.sim.engine import Engine
 from loadtest.sim.fleet import free_port
 from loadtest.sim.profile import DEFAULT_PROFILE, resolve_profile
@@ -125,20 +126,6 @@ async def _metrics(session: aiohttp.ClientSession, urls: list[str]) -> dict[str,
     return total
 
 
-async def _wait_healthy(session: aiohttp.ClientSession, urls: list[str]) -> None:
-    for url in urls:
-        for _ in range(600):
-            try:
-                async with session.get(url + "/health") as response:
-                    if response.status == 200:
-                        break
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-        else:
-            raise RuntimeError(f"{url} never became healthy")
-
-
 async def serving_cost(replicas: int, streams: int, duration_s: float, time_scale: float) -> None:
     port = free_port()
     profiler = os.environ.get("KVGATE_BENCH_PROFILE")
@@ -150,7 +137,8 @@ async def serving_cost(replicas: int, streams: int, duration_s: float, time_scal
     try:
         process = psutil.Process(child.pid)
         async with aiohttp.ClientSession() as session:
-            await _wait_healthy(session, urls)
+            for url in urls:
+                await wait_until_ok(session, url + "/health")
             counts = [0]
             cpu_before = process.cpu_times()
             own_before = time.process_time()

@@ -271,3 +271,20 @@ def _error_message(raw: bytes) -> str:
     if isinstance(error, dict):
         return str(error.get("message", error))[:200]
     return str(payload)[:200]
+
+
+async def wait_until_ok(session: aiohttp.ClientSession, url: str, timeout_s: float = 60.0) -> None:
+    """Poll ``GET url`` until it answers 200 (a replica's ``/health``, the gateway's ``/readyz``);
+    ``RuntimeError`` when it has not within ``timeout_s``. A process just started refuses
+    connections at first, so connection errors count as "not yet"."""
+    deadline_s = time.monotonic() + timeout_s
+    while True:
+        try:
+            async with session.get(url) as response:
+                if response.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        if time.monotonic() > deadline_s:
+            raise RuntimeError(f"{url} did not answer 200 within {timeout_s:g} s")
+        await asyncio.sleep(0.05)

@@ -14,22 +14,9 @@ import aiohttp
 import openai
 import orjson
 
+from loadtest.client import wait_until_ok
 from loadtest.sim.fleet import SimFleet, free_port
 from tests.integration.conftest import MODEL
-
-
-async def wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as http:
-        for _ in range(600):
-            try:
-                async with http.get(url + "/readyz") as response:
-                    if response.status == 200:
-                        return
-            except aiohttp.ClientConnectionError:
-                pass
-            await asyncio.sleep(0.05)
-    raise AssertionError("the gateway never became ready")
-
 
 WORK_GAUGES = (
     "kvgate_pending_prompt_tokens",
@@ -69,7 +56,8 @@ async def test_kvgate_serve_on_uvloop_proxies_the_sdk_and_returns_to_idle(tmp_pa
         )
         url = f"http://127.0.0.1:{port}"
         try:
-            await wait_ready(url)
+            async with aiohttp.ClientSession() as http:
+                await wait_until_ok(http, url + "/readyz")
             client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
             answers = await asyncio.gather(
                 *(
