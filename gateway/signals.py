@@ -168,85 +168,84 @@ class LatencyWindow:
         raise AssertionError("rank beyond sample count")
 
 
-class CountWindow:
-    """Sums of counts over the last ``window_s`` seconds, read as per-second rates."""
+class _SlotWindow:
+    """Per-second slots of sums over the last ``window_s`` seconds, read as per-second rates.
 
-    __slots__ = ("_first_s", "_slots", "_window_s", "_window_slots")
+    A slot is ``[second, sum, ...]``; subclasses decide how many sums a slot carries and add to the
+    one ``_slot`` returns, so recording costs one lookup however many sums change together."""
 
-    def __init__(self, window_s: float) -> None:
+    __slots__ = ("_first_s", "_slots", "_width", "_window_s", "_window_slots")
+
+    def __init__(self, window_s: float, width: int) -> None:
         self._window_s = window_s
         self._window_slots = max(1, math.ceil(window_s / SLOT_S))
+        self._width = width
         self._slots: deque[list[int]] = deque()
         self._first_s: float | None = None
 
-    def add(self, n: int, now_s: float) -> None:
+    def _slot(self, now_s: float) -> list[int]:
+        """The slot of ``now_s``'s second, opened (and the window pruned) on its first use."""
         index = int(now_s // SLOT_S)
         if self._first_s is None:
             self._first_s = now_s
         slots = self._slots
         if not slots or slots[-1][0] != index:
-            slots.append([index, 0])
+            slots.append([index] + [0] * self._width)
             self._prune(index)
-        slots[-1][1] += n
+        return slots[-1]
 
     def _prune(self, index: int) -> None:
         while self._slots and self._slots[0][0] <= index - self._window_slots:
             self._slots.popleft()
 
-    def total(self, now_s: float) -> int:
-        self._prune(int(now_s // SLOT_S))
-        return sum(n for _, n in self._slots)
-
-    def rate_per_s(self, now_s: float) -> float:
+    def _rates(self, now_s: float) -> list[float]:
+        """Each sum over the window divided by the seconds it covers (all zero before any add)."""
         if self._first_s is None:
-            return 0.0
+            return [0.0] * self._width
+        self._prune(int(now_s // SLOT_S))
         span_s = min(self._window_s, max(SLOT_S, now_s - self._first_s))
-        return self.total(now_s) / span_s
+        return [sum(slot[column] for slot in self._slots) / span_s for column in range(1, self._width + 1)]
 
 
-class ServedWindow:
-    """Finished requests over the last ``window_s`` seconds: their prompt tokens, output tokens and
-    count, read as per-second rates. The three always change together, so each second's slot holds
-    all three sums and a request is recorded with one slot lookup (``CountWindow`` semantics)."""
+class CountWindow(_SlotWindow):
+    """Sums of counts over the last ``window_s`` seconds, read as per-second rates."""
 
-    __slots__ = ("_first_s", "_slots", "_window_s", "_window_slots")
+    __slots__ = ()
 
     def __init__(self, window_s: float) -> None:
-        self._window_s = window_s
-        self._window_slots = max(1, math.ceil(window_s / SLOT_S))
-        self._slots: deque[list[int]] = deque()
-        """[second, prompt tokens, output tokens, requests] per slot."""
-        self._first_s: float | None = None
+        super().__init__(window_s, 1)
+
+    def add(self, n: int, now_s: float) -> None:
+        self._slot(now_s)[1] += n
+
+    def total(self, now_s: float) -> int:
+        self._prune(int(now_s // SLOT_S))
+        return sum(slot[1] for slot in self._slots)
+
+    def rate_per_s(self, now_s: float) -> float:
+        return self._rates(now_s)[0]
+
+
+class ServedWindow(_SlotWindow):
+    """Finished requests over the last ``window_s`` seconds: their prompt tokens, output tokens and
+    count, read as per-second rates. The three always change together, so each second's slot holds
+    all three sums and a request is recorded with one slot lookup."""
+
+    __slots__ = ()
+
+    def __init__(self, window_s: float) -> None:
+        super().__init__(window_s, 3)
 
     def add(self, prompt_tokens: int, output_tokens: int, now_s: float) -> None:
-        index = int(now_s // SLOT_S)
-        if self._first_s is None:
-            self._first_s = now_s
-        slots = self._slots
-        if not slots or slots[-1][0] != index:
-            slots.append([index, 0, 0, 0])
-            self._prune(index)
-        slot = slots[-1]
+        slot = self._slot(now_s)
         slot[1] += prompt_tokens
         slot[2] += output_tokens
         slot[3] += 1
 
-    def _prune(self, index: int) -> None:
-        while self._slots and self._slots[0][0] <= index - self._window_slots:
-            self._slots.popleft()
-
     def rates_per_s(self, now_s: float) -> tuple[float, float, float]:
         """Prompt tokens, output tokens and requests per second."""
-        if self._first_s is None:
-            return 0.0, 0.0, 0.0
-        self._prune(int(now_s // SLOT_S))
-        span_s = min(self._window_s, max(SLOT_S, now_s - self._first_s))
-        slots = self._slots
-        return (
-            sum(slot[1] for slot in slots) / span_s,
-            sum(slot[2] for slot in slots) / span_s,
-            sum(slot[3] for slot in slots) / span_s,
-        )
+        prompt, output, requests = self._rates(now_s)
+        return prompt, output, requests
 
 
 @dataclass(slots=True)
