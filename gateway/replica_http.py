@@ -293,13 +293,19 @@ class ReplicaResponse:
         return connection.take_body()
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body. What has arrived is taken as it comes, so flow control never stops the
+        connection short of a body larger than the high-water mark."""
         connection = self._connection
+        parts: list[bytes] = []
         while not connection.complete:
             if connection.error is not None:
                 raise connection.error
+            if connection.body:
+                parts.append(connection.take_body())
             await connection.wait()
-        return connection.take_body() if connection.body else b""
+        if connection.body:
+            parts.append(connection.take_body())
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def release(self) -> None:
         """Back to the pool when read to its end, otherwise closed (the replica sees the abort)."""

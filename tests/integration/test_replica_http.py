@@ -401,3 +401,24 @@ def test_a_response_left_unread_while_reading_was_stopped_is_not_pooled(run: Any
             await replicas.close()
 
     run(main)
+
+
+def test_a_whole_body_larger_than_the_high_water_mark_is_read_to_its_end(run: Any) -> None:
+    body = b'{"text":"' + b"x" * (3 * 1024 * 1024) + b'"}'
+
+    async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(server, reader)
+        writer.write(json_response(body))
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            replicas = client(first_byte_s=2.0)
+            response = await replicas.post(server.url, "/v1/completions", b"{}", HEADERS, stream=False)
+            assert await response.read() == body
+            response.release()
+            assert replicas.open_connections == 1, "read to its end, the connection goes back to the pool"
+            await replicas.close()
+
+    run(main)
