@@ -281,7 +281,9 @@ class KvgateDecider:
         replica = self._state.replicas.get(choice.replica_id)
         if replica is None:
             return None
-        self._state.ledger.reserve(request.request_id, replica.replica_id, request.admission.cost, now_s)
+        cost = request.admission.cost
+        if not self._state.ledger.reserve(request.request_id, replica.replica_id, cost, now_s):
+            raise RuntimeError(f"request {request.request_id} already holds a reservation")
         request.tried.append(replica.replica_id)
         return Route(replica)
 

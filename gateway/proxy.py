@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -44,6 +45,8 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 REQUEST_ID_HEADER = b"x-request-id"
+_CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+"""A client's ``X-Request-Id`` that is echoed and forwarded: 1 to 128 visible ASCII characters."""
 _NOT_FORWARDED = frozenset(
     {
         b"host",
@@ -89,14 +92,16 @@ class Proxy:
         self._max_body_bytes = server.max_body_bytes
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request_id, content_length, forward = _scan_headers(scope["headers"])
+        request_id = os.urandom(16).hex()
+        x_request_id, content_length, forward = _scan_headers(scope["headers"])
+        x_request_id = x_request_id or request_id
         try:
             raw = await self._read_body(receive, content_length)
             if raw is None:
                 return
-            request = self._parse(scope["path"], raw, request_id, forward)
+            request = self._parse(scope["path"], raw, request_id, x_request_id, forward)
         except GatewayError as exc:
-            await send_error(send, exc, request_id)
+            await send_error(send, exc, x_request_id)
             return
         task = asyncio.current_task()
         assert task is not None
@@ -115,7 +120,7 @@ class Proxy:
     async def _serve(self, request: ProxyRequest, send: Send) -> None:
         outcome = await self._decider.decide(request)
         if isinstance(outcome, Refusal):
-            await send_error(send, outcome.error, request.request_id)
+            await send_error(send, outcome.error, request.x_request_id)
             return
         route: Route = outcome
         state = self._state
@@ -134,7 +139,7 @@ class Proxy:
                     return
                 retry = self._decider.retry(request, failure)
                 if retry is None:
-                    await send_error(send, failure, request.request_id)
+                    await send_error(send, failure, request.x_request_id)
                     return
                 route = retry
         finally:
@@ -160,7 +165,7 @@ class Proxy:
                 retry_after_s = _retry_after_s(response.header(b"retry-after"))
                 decider.observe(replica, status, retry_after_s)
                 raise upstream_status_error(status, replica_url, await response.read(), retry_after_s)
-            headers = _relay_headers(response.headers, request.request_id)
+            headers = _relay_headers(response.headers, request.x_request_id)
             if not request.stream or status != 200:
                 body = await response.read()
                 if status == 200:
@@ -293,7 +298,12 @@ class Proxy:
         return b"".join(parts)
 
     def _parse(
-        self, endpoint: str, raw: bytes, request_id: str, forward: list[tuple[bytes, bytes]]
+        self,
+        endpoint: str,
+        raw: bytes,
+        request_id: str,
+        x_request_id: str,
+        forward: list[tuple[bytes, bytes]],
     ) -> ProxyRequest:
         try:
             body = orjson.loads(raw)
@@ -309,7 +319,7 @@ class Proxy:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise BadRequest("`stream` must be a boolean", param="stream")
-        headers = [*forward, (REQUEST_ID_HEADER, request_id.encode("latin-1"))]
+        headers = [*forward, (REQUEST_ID_HEADER, x_request_id.encode())]
         injected = False
         if stream:
             options = body.get("stream_options")
@@ -322,6 +332,7 @@ class Proxy:
                 injected = True
         return ProxyRequest(
             request_id=request_id,
+            x_request_id=x_request_id,
             endpoint=endpoint,
             model=model,
             stream=stream,
@@ -395,30 +406,37 @@ def _on_client_message(
 
 
 def _scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, int | None, list[tuple[bytes, bytes]]]:
-    request_id = ""
+    """The client's usable ``X-Request-Id`` ("" when absent or unusable), the declared body length,
+    and the headers to forward."""
+    x_request_id = ""
     content_length: int | None = None
     forward = []
     for name, value in raw:
         if name == REQUEST_ID_HEADER:
-            request_id = value.decode("latin-1")
+            x_request_id = _client_request_id(value)
         elif name == b"content-length":
             content_length = int(value) if value.isdigit() else None
         elif name not in _NOT_FORWARDED:
             forward.append((name, value))
-    return request_id or os.urandom(16).hex(), content_length, forward
+    return x_request_id, content_length, forward
+
+
+def _client_request_id(value: bytes) -> str:
+    """The client's id when it may be echoed, logged and forwarded as it is; "" otherwise."""
+    return value.decode() if _CLIENT_REQUEST_ID.fullmatch(value) else ""
 
 
 def request_id_of(scope: Scope) -> str:
-    """The client's ``X-Request-Id``, or a new random one."""
+    """The ``X-Request-Id`` to answer with: the client's when usable, or a new random one."""
     for name, value in scope["headers"]:
         if name == REQUEST_ID_HEADER:
-            return str(value.decode("latin-1"))
+            return _client_request_id(value) or os.urandom(16).hex()
     return os.urandom(16).hex()
 
 
 def _relay_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
     headers = [(low, value) for name, value in raw if (low := name.lower()) not in _NOT_RELAYED]
-    headers.append((REQUEST_ID_HEADER, request_id.encode("latin-1")))
+    headers.append((REQUEST_ID_HEADER, request_id.encode()))
     return headers
 
 
@@ -426,6 +444,6 @@ async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
     body = error.body()
     headers = error.headers()
     headers.append((b"content-length", str(len(body)).encode()))
-    headers.append((REQUEST_ID_HEADER, request_id.encode("latin-1")))
+    headers.append((REQUEST_ID_HEADER, request_id.encode()))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -505,7 +505,7 @@ async def time_decisions(total: int, held: int = 32) -> float:
         decider.session = session
         start_s = time.process_time()
         for i in range(total):
-            request = ProxyRequest(str(i), "/v1/chat/completions", MODEL, False, body, raw, [], [])
+            request = ProxyRequest(str(i), str(i), "/v1/chat/completions", MODEL, False, body, raw, [], [])
             route = await decider.decide(request)
             assert isinstance(route, Route), route
             in_flight.append((request, route))
