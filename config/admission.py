@@ -211,6 +211,16 @@ class AdmissionConfig(_Section):
         description="Retry-After of a 503 when no replica is routable and none is due back sooner (seconds). "
         "Default 5. Example: 10.",
     )
+    reservation_lease_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Lease of a reservation: the gateway renews the leases of requests still in flight every "
+            "third of it, so a reservation whose request is gone (a bug, a lost release) is released "
+            "this long after its last renewal, counted in kvgate_reservations_expired_total and "
+            "logged (seconds). Default 60. Example: 30."
+        ),
+    )
     default_inter_token_s: float = Field(
         default=0.03,
         gt=0,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,7 +29,7 @@ from admission.controller import AdmissionController
 from admission.cost import InvalidRequest, estimate_cost, requested_max_tokens
 from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
-from admission.ledger import NO_LOAD
+from admission.ledger import NO_LOAD, Reservation
 from admission.promises import retry_count
 from admission.retry_after import ServiceRates
 from config.schema import GatewayConfig
@@ -51,6 +52,7 @@ from routing.retry_budget import RetryBudget
 from routing.router import Router
 from routing.value import frozen_value
 
+log = logging.getLogger("kvgate.decide")
 _TTFT_EWMA_WEIGHT = 0.2
 _ITL_EWMA_WEIGHT = 0.05
 PUMP_INTERVAL_S = 0.05
@@ -110,7 +112,14 @@ class KvgateDecider:
         self.retry_budget = RetryBudget.from_config(config.routing)
         self._encoder = PromptEncoder(config.models)
         state.removal_listeners.append(self.forget)
+        for pool in config.pools:
+            metrics.count_expired(pool.name, 0)
         self._waiting: dict[int, tuple[ProxyRequest, asyncio.Future[Route | Refusal]]] = {}
+        self._routed: dict[str, ProxyRequest] = {}
+        """Requests holding a reservation, by id, until released: their leases are renewed while
+        the proxy still serves them (``renew_leases``)."""
+        self._lease_s = state.ledger.lease_s
+        self._renewed_at_s = clock()
         self._views: dict[str, tuple[ReplicaState, ReplicaHealth, ReplicaView]] = {}
         """Per replica id: the view last built, with the state and health it was built from."""
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
@@ -284,6 +293,7 @@ class KvgateDecider:
         cost = request.admission.cost
         if not self._state.ledger.reserve(request.request_id, replica.replica_id, cost, now_s):
             raise RuntimeError(f"request {request.request_id} already holds a reservation")
+        self._routed[request.request_id] = request
         request.tried.append(replica.replica_id)
         return Route(replica)
 
@@ -321,6 +331,11 @@ class KvgateDecider:
         if waiting is None:
             return
         request, future = waiting
+        if future.done():
+            # The client left and its task has not heard yet: route nothing for it.
+            self.controller.requeue(dispatch)
+            self.controller.cancel(dispatch.ticket)
+            return
         route = self._place(request, dispatch.candidates, now_s)
         if route is None:
             self.controller.requeue(dispatch)
@@ -329,10 +344,16 @@ class KvgateDecider:
         future.set_result(route)
 
     def tick(self) -> None:
-        """Expire overdue waits (each answered with its 429) and dispatch what fits."""
+        """Renew the leases of requests in flight, release reservations whose lease ran out, expire
+        overdue waits (each answered with its 429) and dispatch what fits."""
+        now_s = self._clock()
+        if now_s - self._renewed_at_s >= self._lease_s / 3:
+            self.renew_leases(now_s)
+        lapsed = self._state.ledger.expire(now_s)
+        if lapsed:
+            self._count_expired(lapsed)
         if not self._waiting:
             return
-        now_s = self._clock()
         views = self.views(now_s)
         for expired in self.controller.expire(now_s, views):
             waiting = self._waiting.pop(expired.ticket, None)
@@ -342,6 +363,32 @@ class KvgateDecider:
                 self._metrics.count_decision("reject", reason, pool=pool, model=waiting[0].model)
                 waiting[1].set_result(_refusal_of(expired.reject))
         self._state.queued = len(self._waiting)
+        self.pump()
+
+    def renew_leases(self, now_s: float) -> None:
+        """Renew the reservation of every request the proxy still serves; a finished request that
+        still holds one leaked it, and its lease is left to run out."""
+        self._renewed_at_s = now_s
+        ledger = self._state.ledger
+        for request_id, request in list(self._routed.items()):
+            if request.finished:
+                del self._routed[request_id]
+            else:
+                ledger.renew(request_id, now_s)
+
+    def _count_expired(self, expired: Sequence[Reservation]) -> None:
+        for held in expired:
+            replica = self._state.replicas.get(held.replica_id)
+            pool = replica.pool if replica is not None else self.pool_of(held.cost.model)
+            self._metrics.count_expired(pool)
+            log.warning(
+                "reservation of request %s on replica %s (%d KV tokens) expired after its %g s lease "
+                "and was released: its request never released it",
+                held.request_id,
+                held.replica_id,
+                held.kv_tokens,
+                self._lease_s,
+            )
         self.pump()
 
     async def run(self) -> None:
@@ -365,6 +412,7 @@ class KvgateDecider:
 
     def release(self, request: ProxyRequest, route: Route) -> None:
         self._state.ledger.release(request.request_id)
+        self._routed.pop(request.request_id, None)
         if request.ttft_s is not None:
             self._metrics.observe_ttft(route.replica.pool, request.model, request.ttft_s)
         admission = request.admission

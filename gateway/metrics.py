@@ -399,6 +399,13 @@ class GatewayMetrics:
         self._output_tokens = _Counter(
             "kvgate_output_tokens", "Output tokens streamed back to clients.", pm, registry=r
         )
+        self._expired = _Counter(
+            "kvgate_reservations_expired",
+            "Reservations released because their lease ran out: their request never released them "
+            "(a gateway bug, or a request stuck past its lease); any increase deserves an alert.",
+            ["pool"],
+            registry=r,
+        )
         self._decided: dict[tuple[str, str, str, str], _Decisions] = {}
         self._series: dict[tuple[str, str], _Series] = {}
         self._clock = clock
@@ -523,6 +530,11 @@ class GatewayMetrics:
         )
         decided.count.value += 1
         decided.window.add(1, self._clock())
+
+    def count_expired(self, pool: str, reservations: int = 1) -> None:
+        """Reservations of ``pool`` released by their lease; 0 declares the series (so alerts see a
+        zero before the first one)."""
+        self._expired.labels(pool).inc(reservations)
 
     def count_tokens(self, pool: str, model: str, prompt_tokens: int, output_tokens: int) -> None:
         """Tokens of one finished request (call once per request, at its end)."""

@@ -89,7 +89,11 @@ class GatewayState:
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> GatewayState:
-        state = cls(models={m.name: m for m in config.models}, pools={p.name: p for p in config.pools})
+        state = cls(
+            models={m.name: m for m in config.models},
+            pools={p.name: p for p in config.pools},
+            ledger=InMemoryLedger(config.admission.reservation_lease_s),
+        )
         for pool in config.pools:
             state.set_pool_urls(pool.name, pool.replicas)
         return state

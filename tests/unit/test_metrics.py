@@ -59,6 +59,7 @@ def populated(clock: FakeClock | None = None) -> GatewayMetrics:
         metrics.count_tokens(pool, MODEL, 120, 30)
         metrics.count_decision("admit", "fits", pool=pool, model=MODEL)
         metrics.set_desired_replicas(pool, 3, "hold")
+        metrics.count_expired(pool, 0)
     metrics.count_decision("reject", "queue_full", pool="decode", model=MODEL)
     metrics.observe_tokenizer_ratio(MODEL, 98, 100)
     return metrics
