@@ -108,10 +108,17 @@ class AdmissionController:
                 f"{cost.max_output_tokens} max output) but the largest replica serving '{model}' "
                 f"holds {largest}. Reduce the prompt or max_tokens.",
             )
+        tenant = request.tenant
+        rank = tenant.priority.rank
         promise = self._returning(request)
         if promise is not None and now_s < promise.due_s - self._promises.grace_s:
-            return self._early(request, promise, now_s)
-        tenant = request.tenant
+            free_now = (
+                fitting
+                and not self._queue.has_work_at_or_above(rank)
+                and not self._promises.has_due(now_s, rank)
+            )
+            if not free_now:
+                return self._early(request, promise, now_s)
         budget_wait_s = self.tenants.take(tenant, kv_tokens, now_s)
         if budget_wait_s > 0.0:
             hint = retry_after(budget_wait_s, self.config.retry_after_cap_s)
@@ -126,7 +133,6 @@ class AdmissionController:
         if promise is not None:
             self._promises.remove(promise)
         ticket = self._take_ticket()
-        rank = tenant.priority.rank
         if fitting and not self._queue.has_work_at_or_above(rank) and not self._promises.has_due(now_s, rank):
             if len(fitting) > 1:
                 # Most room first; a stable sort keeps replicas with equal room in fleet order.
@@ -252,14 +258,14 @@ class AdmissionController:
 
     def _returning(self, request: AdmissionRequest) -> Promise | None:
         """The promise this request comes back to claim, if any."""
-        if request.body is None or request.retry_count == 0 or not len(self._promises):
+        if request.body is None or not request.retry_count or not len(self._promises):
             return None
         return self._promises.find((request.tenant.name, fingerprint(request.body)))
 
     def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> None:
         """Book the refused request a slot at its Retry-After, if it can be recognised and the
         queue's bounds leave room. The promise keeps the request's tenant and cost, not its body."""
-        if request.body is None or not math.isfinite(expected_s):
+        if request.body is None or request.retry_count is None or not math.isfinite(expected_s):
             return
         if self._has_room(request.cost.kv_tokens):
             key = (request.tenant.name, fingerprint(request.body))

@@ -6,8 +6,12 @@ client that waited as told is refused again (14-28 % first-retry success at a 2 
 refusal for capacity books the request a slot in a virtual queue of promised returns: the slot's
 time is the drain estimate behind resident work, queued work and every promise of the same or a
 higher priority booked before it, and that time is the Retry-After. The same request coming back
-(same tenant, same body fingerprint) within ``grace_s`` of its slot claims
-it and goes ahead of new arrivals and queued work of its own class, never ahead of a higher class.
+(same tenant, same body fingerprint, and saying it is a retry: ``x-stainless-retry-count`` of 1 or
+more) within ``grace_s`` of its slot claims it and goes ahead of new arrivals and queued work of its
+own class, never ahead of a higher class. Only a request that says how often it tried is promised
+anything (a client that never says could not be told from a new one with the same body), and a
+promise never makes a request wait while there is room: one coming back early is admitted when it
+would be admitted without the promise, which then lapses.
 While a promise is due (within ``grace_s`` of its time) the decision sets its KV aside on the
 simulated fleet before placing anything of the same or a lower class, so the room is still there
 when the client comes back. A promise only orders: admission still needs ``capacity.fits``, so it
@@ -16,8 +20,8 @@ count against the queue's request and token bounds. A slot beyond the Retry-Afte
 the client returns at the cap, is recognised as early and told the time left, keeping its place.
 Why this and not a longer queue limit: that only moves the race (64-79 % first-retry success at
 10 s, against 100 % with promises at 2 s in ``loadtest.bench_admission``, 2x overload); and a
-client's retry-count header alone cannot say which slot it was given, so it is only a hint (0 means
-a first attempt, which never claims).
+client's retry-count header alone cannot say which slot it was given, so it only tells a retry (1
+or more) from a first attempt (0), which never claims.
 """
 
 from __future__ import annotations

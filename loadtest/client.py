@@ -167,7 +167,7 @@ class Client:
         itl_s: list[float] = []
         while True:
             itl_s.clear()
-            attempt = await self._attempt(path, body, deadline_s, itl_s)
+            attempt = await self._attempt(path, body, deadline_s, itl_s, retries)
             if attempt.status == 200 and attempt.error is None:
                 break
             headers = attempt.headers or {}
@@ -198,14 +198,22 @@ class Client:
             wait_honoured_s=waited_s,
         )
 
-    async def _attempt(self, path: str, body: bytes, deadline_s: float, itl_s: list[float]) -> _Attempt:
+    async def _attempt(
+        self, path: str, body: bytes, deadline_s: float, itl_s: list[float], retries: int
+    ) -> _Attempt:
+        """One try; like the official SDKs it says which (``x-stainless-retry-count``), which is how
+        kvgate knows a returning request from a new one with the same body."""
         attempt = _Attempt()
         remaining_s = max(deadline_s - time.perf_counter(), 0.001)
         try:
             async with self._session.post(
                 self._base_url + path,
                 data=body,
-                headers={"content-type": "application/json", "accept": "text/event-stream"},
+                headers={
+                    "content-type": "application/json",
+                    "accept": "text/event-stream",
+                    "x-stainless-retry-count": str(retries),
+                },
                 timeout=aiohttp.ClientTimeout(total=remaining_s),
             ) as response:
                 attempt.status = response.status

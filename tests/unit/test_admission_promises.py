@@ -22,8 +22,10 @@ def freq(
     prompt: int = 100,
     max_output: int = 400,
     tenant: Tenant | None = None,
-    retry: int | None = None,
+    retry: int | None = 0,
 ) -> AdmissionRequest:
+    """A request as the openai SDK sends it: ``retry`` is its ``x-stainless-retry-count`` (0 on the
+    first attempt; None for a client that does not say)."""
     return AdmissionRequest(
         f"p{next(_ids)}",
         tenant or Tenant("t"),
@@ -97,7 +99,7 @@ def test_a_claimant_never_over_commits_the_fleet() -> None:
 def test_a_claimant_that_must_wait_is_queued_at_the_head_of_its_class() -> None:
     config = AdmissionConfig(max_queue_wait_s=10.0, promise_grace_s=1.0)
     fleet, resident = full_fleet(config)
-    hurried = AdmissionRequest("c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, b"c")
+    hurried = AdmissionRequest("c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, b"c", 0)
     first = refused(fleet, hurried)
     assert first.reason is RejectReason.DEADLINE and first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s
@@ -151,6 +153,45 @@ def test_an_identical_first_attempt_does_not_claim_the_promise() -> None:
     fleet.release(resident[0].request_id)
     assert not isinstance(fleet.decide(freq(b"c", retry=0)), Admit)
     assert isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+
+
+def test_an_identical_body_without_retry_evidence_does_not_claim_the_promise() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    assert not isinstance(fleet.decide(freq(b"c", retry=None)), Admit)
+    assert isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+
+
+def test_a_refused_request_that_will_not_say_it_retries_books_no_promise() -> None:
+    fleet, _ = full_fleet()
+    refused(fleet, freq(b"c", retry=None))
+    assert fleet.controller.queue_stats(0.0).promised_requests == 0
+
+
+def test_a_promise_never_makes_a_request_wait_while_capacity_is_free() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=1.0)
+    fleet, resident = full_fleet(config)
+    first = refused(fleet, freq(b"c", max_output=600))
+    assert first.retry_after is not None and first.retry_after.expected_s > 3.0
+    for request in resident:
+        fleet.release(request.request_id)
+    fleet.now_s = 1.0
+    assert isinstance(fleet.decide(freq(b"c", max_output=600, retry=1)), Admit), "the room is free now"
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 0, "the promise was used up"
+    assert isinstance(fleet.decide(freq(b"c", max_output=100, retry=1)), Admit)
+
+
+def test_another_clients_identical_body_on_an_idle_fleet_is_admitted_not_told_to_wait() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=1.0)
+    fleet, resident = full_fleet(config)
+    refused(fleet, freq(b"c", max_output=400))
+    for request in resident:
+        fleet.release(request.request_id)
+    fleet.now_s = 0.5
+    assert isinstance(fleet.decide(freq(b"c", max_output=400, retry=2)), Admit)
 
 
 def test_promises_count_against_the_queue_bounds() -> None:
