@@ -2,7 +2,8 @@
 
 Two guards, both worst-case: the replica's KV cache must hold every admitted sequence at its full
 ``prompt + max_output`` length (so vLLM never has to preempt), and its active sequences must stay
-below the inter-token-latency guard (one more sequence slows every sequence already decoding).
+below the inter-token-latency guard (one more sequence slows every sequence already decoding), with a
+request of ``n`` sequences taking ``n`` of them.
 Routing filters and the admission decision both ask this one question, so they cannot disagree.
 """
 
@@ -15,10 +16,11 @@ def kv_room_tokens(view: ReplicaView) -> int:
     return view.capacity_kv_tokens - view.load.reserved_kv_tokens
 
 
-def fits(view: ReplicaView, kv_tokens: int, max_active_sequences: int) -> bool:
-    """True when ``view`` can hold ``kv_tokens`` more and has a sequence slot under the guard."""
+def fits(view: ReplicaView, kv_tokens: int, sequences: int, max_active_sequences: int) -> bool:
+    """True when ``view`` can hold ``kv_tokens`` more and has a slot under the guard for each of the
+    request's ``sequences`` (a request with ``n`` sequences decodes ``n`` at once)."""
     load = view.load
     return (
         kv_tokens <= view.capacity_kv_tokens - load.reserved_kv_tokens
-        and load.resident_sequences < max_active_sequences
+        and load.resident_sequences + sequences <= max_active_sequences
     )

@@ -1,13 +1,14 @@
 """Whether a request goes now, waits, or is turned away, and which queued requests go when room frees.
 
 Admission decides *whether*; routing decides *where*. ``decide`` answers ``Admit`` with every
-routable replica that has KV room for the request's worst case and a sequence slot under the
-inter-token-latency guard (the one ``capacity.fits`` question), ``Queue`` when the expected wait fits
-the request's budget (``max_queue_wait_s``, or the client's own timeout when shorter), and
-``Reject`` otherwise: 429 with a Retry-After for overload (KV capacity, a full queue, a tenant's
-budget, a deadline the wait would miss), 503 when no replica can serve the model at all, 400 when no
-replica could ever hold the request. A newcomer never takes capacity that queued work of the same
-or higher priority would get first: it is placed in the queue's order and admitted only if the walk
+routable replica that has KV room for the request's worst case and a slot under the
+inter-token-latency guard for each of its sequences (the one ``capacity.fits`` question), ``Queue``
+when the expected wait fits the request's budget (``max_queue_wait_s``, or the client's own timeout
+when shorter), and ``Reject`` otherwise: 429 with a Retry-After for overload (KV capacity, a full
+queue, a tenant's budget, a deadline the wait would miss), 503 when no replica can serve the model
+at all, 400 when no replica could ever hold the request (its worst-case KV, or a slot under the
+guard for each of its sequences). A newcomer never takes capacity that queued work of the same or
+higher priority would get first: it is placed in the queue's order and admitted only if the walk
 over that order, on a simulated copy of the fleet, reaches it with room to spare. A refusal for
 capacity is also a promise (``admission.promises``): its Retry-After is a booked slot behind queued
 and promised work, due promises count as work ahead of the same and lower classes, and the request
@@ -86,17 +87,22 @@ class AdmissionController:
         self._promises.expire(now_s)
         cost = request.cost
         kv_tokens = cost.kv_tokens
+        sequences = cost.sequences
         model = cost.model
         serving: list[ReplicaView] = []
         fitting: list[ReplicaView] = []
         largest = 0
+        most_slots = 0
         for v in replicas:
             if not _routable(v, model, now_s):
                 continue
             serving.append(v)
             if v.capacity_kv_tokens > largest:
                 largest = v.capacity_kv_tokens
-            if fits(v, kv_tokens, self._max_active(v)):
+            slots = self._max_active(v)
+            if slots > most_slots:
+                most_slots = slots
+            if fits(v, kv_tokens, sequences, slots):
                 fitting.append(v)
         if not serving:
             return self._no_replica(model, replicas, now_s)
@@ -107,6 +113,16 @@ class AdmissionController:
                 f"This request needs {kv_tokens} tokens of KV cache ({cost.prompt_tokens} prompt + "
                 f"{cost.max_output_tokens} max output) but the largest replica serving '{model}' "
                 f"holds {largest}. Reduce the prompt or max_tokens.",
+                param="max_tokens",
+            )
+        if sequences > most_slots:
+            return Reject(
+                400,
+                RejectReason.KV_CAPACITY,
+                f"This request runs {sequences} sequences at once but a replica serving '{model}' runs "
+                f"at most {most_slots} (the inter-token-latency guard), so it could never be admitted. "
+                "Reduce n or the number of prompts.",
+                param="n",
             )
         tenant = request.tenant
         rank = tenant.priority.rank
@@ -367,11 +383,12 @@ class AdmissionController:
             ):
                 return None
             kv_tokens = entry.kv_tokens
+            sequences = entry.request.cost.sequences
             model = entry.request.model
             if best_room.get(model, kv_tokens) < kv_tokens:
                 return ()
             serving = [v for v in simulated.values() if _routable(v, model, now_s)]
-            fitting = [v for v in serving if fits(v, kv_tokens, self._max_active(v))]
+            fitting = [v for v in serving if fits(v, kv_tokens, sequences, self._max_active(v))]
             if not fitting:
                 best_room[model] = max(
                     (kv_room_tokens(v) for v in serving if v.load.resident_sequences < self._max_active(v)),
@@ -387,7 +404,7 @@ class AdmissionController:
                 load=dataclasses.replace(
                     load,
                     prefill_tokens_pending=load.prefill_tokens_pending + cost.prompt_tokens,
-                    resident_sequences=load.resident_sequences + 1,
+                    resident_sequences=load.resident_sequences + sequences,
                     remaining_decode_tokens=load.remaining_decode_tokens + cost.max_output_tokens,
                     reserved_kv_tokens=load.reserved_kv_tokens + kv_tokens,
                 ),

@@ -44,7 +44,8 @@ def template_for(config: ChatTemplateConfig) -> ChatTemplate:
 
 def prompt_of(body: Mapping[str, Any], template: ChatTemplate) -> str | list[int]:
     """What to tokenise in a request body: a chat's ``messages`` after the template, a completions
-    ``prompt`` as text, or the token ids a completions client sent itself (counted as they are)."""
+    ``prompt`` as text, or the token ids a completions client sent itself (counted as they are).
+    A batch of prompts (``batch_of``) is counted one prompt at a time, each given as its own body."""
     messages = body.get("messages")
     if isinstance(messages, list):
         return template.render([m for m in messages if isinstance(m, Mapping)])
@@ -54,6 +55,22 @@ def prompt_of(body: Mapping[str, Any], template: ChatTemplate) -> str | list[int
     if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
         return [t for p in prompt for t in p if isinstance(t, int)]
     return prompt_text(prompt)
+
+
+def batch_of(body: Mapping[str, Any]) -> list[str] | list[list[int]] | None:
+    """The prompts of a completions batch (a list of two or more strings, or of token-id lists), or
+    None for a request with one prompt. vLLM runs each prompt of a batch as its own request (with its
+    own ``n`` sequences), so each is counted and priced on its own."""
+    if "messages" in body:
+        return None
+    prompt = body.get("prompt")
+    if not isinstance(prompt, list) or len(prompt) < 2:
+        return None
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(p, list) for p in prompt):
+        return [[t for t in p if isinstance(t, int)] for p in prompt]
+    return None
 
 
 def encode_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> list[int]:

@@ -66,6 +66,8 @@ class Reject:
     reason: RejectReason
     message: str
     retry_after: RetryAfter | None = None
+    param: str | None = None
+    """For a 400: the request field the client should change, as OpenAI errors name it."""
 
     @property
     def retry_after_s(self) -> int | None:

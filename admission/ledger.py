@@ -1,8 +1,9 @@
 """Reservations: the worst-case work kvgate has sent to each replica and not yet seen finish.
 
-An admitted request reserves ``prompt + max_output`` KV tokens on one replica. Until its first
-token it also counts its prompt as pending prefill work; afterwards it is a resident sequence whose
-remaining decode work is ``max_output - produced``. The reservation ends exactly once, whatever
+An admitted request reserves ``prompt + max_output`` KV tokens on one replica, ``max_output`` being
+every token all its sequences may generate. Until its first token it also counts its prompt as
+pending prefill work; afterwards its sequences (``n`` of them for a request with ``n`` choices) are
+resident, with ``max_output - produced`` decode work remaining. The reservation ends exactly once, whatever
 ends the request (completion, error, client disconnect, replica death, or an expired lease): every
 mutator is idempotent and answers whether it changed anything, so duplicate or out-of-order events
 (a late token count after release, a second release) leave the totals alone. Invariant: with no
@@ -102,7 +103,7 @@ class InMemoryLedger:
             return False
         held = Reservation(request_id, replica_id, cost, now_s, now_s + self.lease_s)
         self._put(held)
-        self._shift(replica_id, cost.prompt_tokens, 1, cost.max_output_tokens, cost.kv_tokens)
+        self._shift(replica_id, cost.prompt_tokens, cost.sequences, cost.max_output_tokens, cost.kv_tokens)
         self._push_lease(held)
         return True
 
@@ -139,7 +140,7 @@ class InMemoryLedger:
         self._shift(
             held.replica_id,
             -held.prefill_tokens_pending,
-            -1,
+            -held.cost.sequences,
             -held.remaining_decode_tokens,
             -held.kv_tokens,
         )

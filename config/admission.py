@@ -150,6 +150,15 @@ class AdmissionConfig(_Section):
         description="No request may ask for more output than this, whatever the model (tokens). "
         "Default 32768. Example: 4096.",
     )
+    max_sequences_per_request: int = Field(
+        default=128,
+        gt=0,
+        description=(
+            "Most sequences one request may run: 'n' (or 'best_of') per prompt, times the prompts of a "
+            "completions batch; above it the request is a 400 naming the field (count). Default 128, "
+            "OpenAI's bound on 'n'. Example: 16."
+        ),
+    )
     max_active_sequences_per_replica: int = Field(
         default=128,
         gt=0,

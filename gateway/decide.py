@@ -22,11 +22,14 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
+import orjson
 
 from admission.controller import AdmissionController
-from admission.cost import InvalidRequest, estimate_cost, requested_max_tokens
+from admission.cost import InvalidRequest, capped_body, estimate_cost, requested_work
+from admission.counting import batch_of
 from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
 from admission.ledger import NO_LOAD, Reservation
@@ -46,6 +49,7 @@ from routing.health import (
     ReplicaHealth,
     outcome_of_status,
 )
+from routing.prefix_hash import block_hashes
 from routing.replica import ReplicaLoad, ReplicaView
 from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
@@ -56,6 +60,7 @@ log = logging.getLogger("kvgate.decide")
 _TTFT_EWMA_WEIGHT = 0.2
 _ITL_EWMA_WEIGHT = 0.05
 PUMP_INTERVAL_S = 0.05
+CHAT_PATH = "/v1/chat/completions"
 _UNBOUNDED = 1 << 40
 EJECTED = HealthState.EJECTED
 
@@ -82,7 +87,7 @@ def _refusal_of(reject: Reject) -> Refusal:
     seconds = None if reject.retry_after is None else reject.retry_after.milliseconds / 1000.0
     error: GatewayError
     if reject.status == 400:
-        error = BadRequest(reject.message, param="max_tokens", reason=reject.reason.value)
+        error = BadRequest(reject.message, param=reject.param, reason=reject.reason.value)
     elif reject.reason is RejectReason.NO_REPLICA:
         error = ServiceUnavailable(reject.message, retry_after_s=seconds, reason=reject.reason.value)
     else:
@@ -203,22 +208,40 @@ class KvgateDecider:
             return Refusal(Unauthorized("Incorrect API key provided.", reason="unauthorized"))
         if self._config.auth_enabled:
             request.upstream_headers = [h for h in request.upstream_headers if h[0] != b"authorization"]
-        declared = requested_max_tokens(request.body)
-        if isinstance(declared, InvalidRequest):
-            return Refusal(BadRequest(declared.message, param=declared.param, reason="invalid_request"))
+        chat = request.endpoint == CHAT_PATH
+        batch = None if chat else batch_of(request.body)
+        work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)
+        if isinstance(work, InvalidRequest):
+            return Refusal(BadRequest(work.message, param=work.param, reason="invalid_request"))
         try:
-            token_ids = self._encoder.encode_inline(request.model, request.body, len(request.raw_body))
-            if token_ids is None:
-                token_ids = await self._encode(request)
+            if batch is None:
+                token_ids = await self._encode(request, request.body, len(request.raw_body))
+                prompt_tokens: int | list[int] = len(token_ids)
+            else:
+                each = [
+                    p if isinstance(p, list) else await self._encode(request, {"prompt": p}, len(p))
+                    for p in batch
+                ]
+                token_ids, prompt_tokens = each[0], [len(ids) for ids in each]
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             message = f"cannot count the prompt's tokens with a replica of '{request.model}': {exc}"
             retry_after_s = self._config.no_replica_retry_after_s
             return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
         cost = estimate_cost(
-            request.model, len(token_ids), declared, self._config, self._state.models[request.model]
+            request.model,
+            prompt_tokens,
+            work.max_tokens,
+            self._config,
+            self._state.models[request.model],
+            work.sequences_per_prompt,
         )
         if isinstance(cost, InvalidRequest):
             return Refusal(BadRequest(cost.message, param=cost.param, reason="invalid_request"))
+        forwarded = capped_body(request.body, chat, cost.max_tokens)
+        if forwarded is not None:
+            request.body = forwarded
+        if forwarded is not None or request.usage_injected:
+            request.raw_body = orjson.dumps(request.body)
         headers = {
             name.decode("latin-1"): value.decode("latin-1")
             for name, value in request.headers
@@ -233,7 +256,13 @@ class KvgateDecider:
             retry_count(headers),
         )
         request.admission = admission
-        request.routing = RoutingRequest.from_token_ids(request.model, token_ids, cost.max_output_tokens)
+        request.routing = RoutingRequest(
+            request.model,
+            cost.prompt_tokens,
+            cost.max_output_tokens,
+            tuple(block_hashes(token_ids)),
+            cost.sequences,
+        )
         self.retry_budget.record_request(now_s)
         pool = self.pool_of(request.model)
         if not self._config.enabled:
@@ -270,15 +299,18 @@ class KvgateDecider:
         self._metrics.count_admitted(pool, request.model, "admission_off", None)
         return route
 
-    async def _encode(self, request: ProxyRequest) -> list[int]:
+    async def _encode(self, request: ProxyRequest, body: Mapping[str, Any], size_bytes: int) -> list[int]:
+        """The token ids of ``body``'s prompt (the request's, or one prompt of its batch): inline when
+        counted here and small, otherwise off the event loop or by a replica of the model."""
+        token_ids = self._encoder.encode_inline(request.model, body, size_bytes)
+        if token_ids is not None:
+            return token_ids
         assert self.session is not None, "gateway not started"
         url = ""
         if not self._encoder.is_local(request.model):
             serving = self._state.routable(request.model)
             url = serving[0].url if serving else ""
-        return await self._encoder.encode(
-            request.model, request.body, len(request.raw_body), self.session, url
-        )
+        return await self._encoder.encode(request.model, body, size_bytes, self.session, url)
 
     def _place(
         self, request: ProxyRequest, candidates: tuple[ReplicaView, ...], now_s: float

@@ -2,8 +2,10 @@
 
 parse → ``decide`` → proxy (retrying on another replica while nothing reached the client) →
 ``finally`` release, once. The client's body bytes are forwarded unchanged (parsed once with
-orjson, only for what decisions need), with one documented rewrite: a stream whose client did not
-ask for ``stream_options.include_usage`` gets it, so the replica's own token counts calibrate the
+orjson, only for what decisions need), with two documented rewrites, serialised once after
+pricing: the output cap the gateway priced is written when the client's body does not already say
+exactly it (``admission.cost.capped_body``), and a stream whose client did not ask for
+``stream_options.include_usage`` gets it, so the replica's own token counts calibrate the
 estimate, and the usage-only chunk it brings is taken out before the client sees it. SSE chunks are
 relayed as they arrive, never re-assembled into lines or re-serialised; counting ``data:`` events
 per chunk is the token count (one event per engine step per sequence carries about one token).
@@ -305,6 +307,8 @@ class Proxy:
         x_request_id: str,
         forward: list[tuple[bytes, bytes]],
     ) -> ProxyRequest:
+        """The request as decisions need it. A stream gets ``include_usage`` in its parsed body only:
+        the body is serialised again once, after pricing (``decide``), with the output cap priced."""
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
@@ -328,7 +332,6 @@ class Proxy:
                     **(options if isinstance(options, dict) else {}),
                     "include_usage": True,
                 }
-                raw = orjson.dumps(body)
                 injected = True
         return ProxyRequest(
             request_id=request_id,

@@ -3,10 +3,11 @@
 A candidate must not be excluded by the caller (a retry goes to a replica not tried before), must
 serve the request's model, be healthy, be ready (it reported healthy at least once; a replica is
 never routable before that), be out of any back-off (ejection or a 429/503 avoid window) and have
-KV room for the request's worst case, asked through ``admission.capacity.fits`` so routing and
-admission cannot disagree. Filters run in that order; when none survive, the reason names the
-furthest filter any candidate reached, which is the constraint actually binding (``no_kv_room``
-tells the caller to queue, ``unhealthy`` that the fleet is down).
+KV room for the request's worst case and a sequence slot for each of its sequences, asked through
+``admission.capacity.fits`` so routing and admission cannot disagree. Filters run in that order;
+when none survive, the reason names the furthest filter any candidate reached, which is the
+constraint actually binding (``no_kv_room`` tells the caller to queue, ``unhealthy`` that the fleet
+is down).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class Gate:
             return "not_ready"
         if view.backoff_until_s > self.now_s:
             return "backoff"
-        if not fits(view, self.request.kv_tokens, view.max_sequences):
+        if not fits(view, self.request.kv_tokens, self.request.sequences, view.max_sequences):
             return "no_kv_room"
         return None
 
@@ -57,6 +58,7 @@ class Gate:
         model = self.request.model
         now_s = self.now_s
         kv_tokens = self.request.kv_tokens
+        sequences = self.request.sequences
         passed = [
             view
             for view in views
@@ -66,7 +68,7 @@ class Gate:
             and view.ready_since_s is not None
             and view.ready_since_s <= now_s
             and view.backoff_until_s <= now_s
-            and fits(view, kv_tokens, view.max_sequences)
+            and fits(view, kv_tokens, sequences, view.max_sequences)
         ]
         if passed:
             return passed, ""

@@ -20,6 +20,8 @@ class RoutingRequest:
     prompt_tokens: int
     max_output_tokens: int
     block_hashes: tuple[int, ...] = ()
+    sequences: int = 1
+    """Sequences the request runs at once (``n``, and each prompt of a batch): a slot each."""
 
     @property
     def kv_tokens(self) -> int:

@@ -13,8 +13,6 @@ from typing import Any
 
 import orjson
 
-from admission.tokenizer import prompt_text
-
 VLLM_VERSION = "0.10.1.1"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 
@@ -47,7 +45,8 @@ class ApiError:
 class GenerationRequest:
     chat: bool
     model: str
-    prompt: str
+    prompts: list[str | list[int]]
+    """A completions request's prompts, text or token ids: each runs as its own request, as in vLLM."""
     messages: list[dict[str, Any]]
     max_tokens: int | None
     n: int
@@ -102,21 +101,23 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
         model = served_model
     if not isinstance(model, str):
         return _bad("model must be a string.", "model")
+    prompts: list[str | list[int]] = []
     if chat:
         messages = body.get("messages")
         if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
             return _bad("messages: field required, a list of message objects.", "messages")
         if not messages:
             return _bad("messages must contain at least one message.", "messages")
-        prompt = ""
     else:
         messages = []
-        raw_prompt = body.get("prompt")
-        if not isinstance(raw_prompt, str) and not (
-            isinstance(raw_prompt, list) and raw_prompt and all(isinstance(p, str) for p in raw_prompt)
-        ):
-            return _bad("prompt: field required, a string or a list of strings.", "prompt")
-        prompt = prompt_text(raw_prompt)
+        given = _prompts(body.get("prompt"))
+        if given is None:
+            return _bad(
+                "prompt: field required, a string, a list of strings, a list of token ids or a list of "
+                "lists of token ids, none of them empty.",
+                "prompt",
+            )
+        prompts = given
     max_tokens = _int_field(body, "max_completion_tokens" if chat else "max_tokens", 1)
     if max_tokens is None and chat:
         max_tokens = _int_field(body, "max_tokens", 1)
@@ -126,10 +127,14 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
         max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
     n = _int_field(body, "n", 1)
     min_tokens = _int_field(body, "min_tokens", 0)
-    for checked in (n, min_tokens):
+    best_of = _int_field(body, "best_of", 1)
+    for checked in (n, min_tokens, best_of):
         if isinstance(checked, ApiError):
             return checked
     assert not isinstance(n, ApiError) and not isinstance(min_tokens, ApiError)
+    assert not isinstance(best_of, ApiError)
+    if best_of is not None and best_of > 1:
+        return _bad("vLLM V1 does not yet support best_of.", "best_of")
     min_tokens = min_tokens or 0
     if max_tokens is not None and min_tokens > max_tokens:
         return _bad(f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.")
@@ -151,7 +156,7 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
     return GenerationRequest(
         chat=chat,
         model=model,
-        prompt=prompt,
+        prompts=prompts,
         messages=messages,
         max_tokens=max_tokens,
         n=n or 1,
@@ -161,6 +166,24 @@ def parse_generation(raw: bytes, chat: bool, served_model: str) -> GenerationReq
         min_tokens=min_tokens,
         kv_transfer_params=kv_transfer_params,
     )
+
+
+def _prompts(prompt: Any) -> list[str | list[int]] | None:
+    """vLLM's completions ``prompt`` forms as a list of prompts; None for anything else or empty."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        return None
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return [list(prompt)]
+    if all(
+        isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+        for p in prompt
+    ):
+        return [list(p) for p in prompt]
+    return None
 
 
 def length_error(max_model_len: int, prompt_tokens: int, max_tokens: int | None) -> ApiError | None:

@@ -71,7 +71,7 @@ _ROUTES = {
 
 
 class _Exchange:
-    """One generation request in flight: its ``n`` sequences and what its client has been sent."""
+    """One generation request in flight: its sequences (``n`` per prompt) and what its client was sent."""
 
     __slots__ = (
         "buf",
@@ -462,7 +462,13 @@ class SimReplica:
             self._encoded.popitem(last=False)
         return entry
 
+    def _token_ids(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
+        """A prompt sent as token ids, with its block hashes (nothing to tokenise)."""
+        return token_ids, block_hashes(token_ids, self.profile.block_size_tokens)
+
     def _generate(self, conn: Connection, request: Request, chat: bool) -> None:
+        """Run a generation request as vLLM does: each prompt of a completions batch is its own
+        request of ``n`` sequences, choice ``i * n + j`` being prompt ``i``'s ``j``-th; usage sums them."""
         if self.state != "ready":
             error = ApiError(503, "The server is shutting down.", "ServiceUnavailableError")
             conn.respond(503, error.body())
@@ -471,16 +477,16 @@ class SimReplica:
         if isinstance(parsed, ApiError):
             conn.respond(parsed.status, parsed.body())
             return
-        text = self._template.render(parsed.messages) if chat else parsed.prompt
-        token_ids, hashes = self._encode(text)
-        prompt_tokens = len(token_ids)
+        prompts = [self._encode(self._template.render(parsed.messages))] if chat else []
+        for prompt in parsed.prompts:
+            prompts.append(self._encode(prompt) if isinstance(prompt, str) else self._token_ids(prompt))
         role = self.role
         requested_max = 1 if role is Role.PREFILL else parsed.max_tokens
-        too_long = length_error(self.max_model_len, prompt_tokens, requested_max)
-        if too_long is not None:
-            conn.respond(too_long.status, too_long.body())
-            return
-        max_tokens = requested_max if requested_max is not None else self.max_model_len - prompt_tokens
+        for token_ids, _hashes in prompts:
+            too_long = length_error(self.max_model_len, len(token_ids), requested_max)
+            if too_long is not None:
+                conn.respond(too_long.status, too_long.body())
+                return
         kv_transferred = role is Role.DECODE and parsed.remote_prefill
         header_id = request.headers.get(b"x-request-id")
         base_id = header_id.decode("latin-1") if header_id else f"{self._id_prefix}{next(self._ids)}"
@@ -491,6 +497,7 @@ class SimReplica:
             self._records[response_id] = record
             if header_id:
                 self._records[base_id] = record
+        choices = len(prompts) * parsed.n
         exchange = _Exchange(
             self,
             conn,
@@ -499,15 +506,17 @@ class SimReplica:
             parsed.include_usage,
             response_id,
             parsed.model,
-            parsed.n,
-            prompt_tokens,
+            choices,
+            sum(len(token_ids) for token_ids, _hashes in prompts),
             record,
         )
         if role is Role.PREFILL:
             exchange.kv_transfer_params = self._handoff_params(base_id)
         arrival_s = self.sim_now()
-        for index in range(parsed.n):
-            seq_id = response_id if parsed.n == 1 else f"{response_id}-{index}"
+        for index in range(choices):
+            token_ids, hashes = prompts[index // parsed.n]
+            max_tokens = requested_max if requested_max is not None else self.max_model_len - len(token_ids)
+            seq_id = response_id if choices == 1 else f"{response_id}-{index}"
             exchange.seqs.append(
                 self.engine.add_request(
                     seq_id,

@@ -62,8 +62,41 @@ def test_completions_default_to_16_tokens_and_chat_to_the_context_left() -> None
     completion = _parse({"model": MODEL, "prompt": ["a", "b"]}, chat=False)
     chat = _parse({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert isinstance(completion, GenerationRequest) and completion.max_tokens == 16
-    assert completion.prompt == "ab"
+    assert completion.prompts == ["a", "b"]
     assert isinstance(chat, GenerationRequest) and chat.max_tokens is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "prompts"),
+    [
+        ("a", ["a"]),
+        (["a", "b", "c"], ["a", "b", "c"]),
+        ([1, 2, 3], [[1, 2, 3]]),
+        ([[1, 2], [3]], [[1, 2], [3]]),
+    ],
+)
+def test_completions_prompts_are_each_their_own_request_as_in_vllm(prompt: object, prompts: object) -> None:
+    parsed = _parse({"model": MODEL, "prompt": prompt}, chat=False)
+    assert isinstance(parsed, GenerationRequest) and parsed.prompts == prompts
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": []}, "prompt"),
+        ({"prompt": [[]]}, "prompt"),
+        ({"prompt": ["a", 1]}, "prompt"),
+        ({"prompt": "x", "best_of": 2}, "best_of"),
+    ],
+)
+def test_prompts_and_best_of_vllm_refuses(body: dict[str, object], param: str) -> None:
+    error = _parse({"model": MODEL, **body}, chat=False)
+    assert isinstance(error, ApiError) and error.status == 400 and error.param == param
+
+
+def test_completions_read_max_tokens_only() -> None:
+    parsed = _parse({"model": MODEL, "prompt": "x", "max_tokens": 30, "max_completion_tokens": 1}, chat=False)
+    assert isinstance(parsed, GenerationRequest) and parsed.max_tokens == 30
 
 
 def test_max_completion_tokens_wins_over_max_tokens() -> None:
