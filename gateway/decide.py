@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +37,7 @@ from gateway.errors import BadRequest, GatewayError, ServiceUnavailable, TooMany
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptEncoder
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
+from gateway.upstream import replica_headers
 from routing.health import (
     STARTING,
     HealthRules,
@@ -56,6 +58,7 @@ _ITL_EWMA_WEIGHT = 0.05
 PUMP_INTERVAL_S = 0.05
 _UNBOUNDED = 1 << 40
 EJECTED = HealthState.EJECTED
+logger = logging.getLogger("kvgate.decide")
 
 
 @frozen_value
@@ -68,11 +71,16 @@ class Refusal:
     error: GatewayError
 
 
+_CLIENT_CREDENTIALS = frozenset({b"authorization", b"cookie"})
+
+
 def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` (scheme in any case); None for any other form,
+    a bare key included, which OpenAI refuses too."""
     for name, value in headers:
         if name == b"authorization":
             text = value.decode("latin-1")
-            return text[7:].strip() if text[:7].lower() == "bearer " else text.strip()
+            return (text[7:].strip() or None) if text[:7].lower() == "bearer " else None
     return None
 
 
@@ -98,6 +106,7 @@ class KvgateDecider:
     ) -> None:
         self._state = state
         self._config = config.admission
+        self._forward_credentials = config.server.forward_client_credentials
         self._metrics = metrics
         self._clock = clock
         self.controller = AdmissionController(self._config, state.ledger)
@@ -192,8 +201,10 @@ class KvgateDecider:
         tenant = self.controller.tenants.identify(_bearer_key(request.headers))
         if tenant is None:
             return Refusal(Unauthorized("Incorrect API key provided.", reason="unauthorized"))
-        if self._config.auth_enabled:
-            request.upstream_headers = [h for h in request.upstream_headers if h[0] != b"authorization"]
+        if not self._forward_credentials:
+            request.upstream_headers = [
+                h for h in request.upstream_headers if h[0] not in _CLIENT_CREDENTIALS
+            ]
         declared = requested_max_tokens(request.body)
         if isinstance(declared, InvalidRequest):
             return Refusal(BadRequest(declared.message, param=declared.param, reason="invalid_request"))
@@ -202,7 +213,8 @@ class KvgateDecider:
             if token_ids is None:
                 token_ids = await self._encode(request)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            message = f"cannot count the prompt's tokens with a replica of '{request.model}': {exc}"
+            logger.warning("counting a prompt with a replica of %s failed: %r", request.model, exc)
+            message = f"cannot count the prompt's tokens with a replica of '{request.model}'"
             retry_after_s = self._config.no_replica_retry_after_s
             return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
         cost = estimate_cost(
@@ -264,11 +276,13 @@ class KvgateDecider:
     async def _encode(self, request: ProxyRequest) -> list[int]:
         assert self.session is not None, "gateway not started"
         url = ""
+        headers = None
         if not self._encoder.is_local(request.model):
             serving = self._state.routable(request.model)
             url = serving[0].url if serving else ""
+            headers = replica_headers(serving[0]) if serving else None
         return await self._encoder.encode(
-            request.model, request.body, len(request.raw_body), self.session, url
+            request.model, request.body, len(request.raw_body), self.session, url, headers
         )
 
     def _place(
