@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from config.secrets import read_secret_files
 
@@ -101,6 +101,13 @@ class TenantConfig(_Section):
     @classmethod
     def _read_secret_files(cls, data: Any) -> Any:
         return read_secret_files(data, (), lists=("api_keys",))
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _digits_are_text(cls, value: object) -> object:
+        if isinstance(value, list | tuple):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
 
 
 class DeadlineHeader(_Section):

@@ -353,6 +353,13 @@ class Pool(Section):
     def _read_secret_files(cls, data: Any) -> Any:
         return read_secret_files(data, ("api_key",))
 
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _digits_are_text(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
     @field_validator("api_key")
     @classmethod
     def _header_safe(cls, key: SecretStr | None) -> SecretStr | None:

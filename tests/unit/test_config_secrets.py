@@ -85,6 +85,13 @@ def test_validation_errors_never_show_a_secret() -> None:
     assert_no_secret(text)
 
 
+def test_all_digit_keys_from_the_environment_are_text() -> None:
+    environ = {"KVGATE_POOLS__0__API_KEY": "1234", "KVGATE_ADMISSION__TENANTS__0__API_KEYS": "[5678]"}
+    config = parse_config(document(), environ)
+    assert config.pools[0].api_key is not None and config.pools[0].api_key.get_secret_value() == "1234"
+    assert [k.get_secret_value() for k in config.admission.tenants[0].api_keys] == ["5678"]
+
+
 def test_a_pool_api_key_that_would_break_its_header_is_refused_unseen() -> None:
     bad = document()
     bad["pools"][0]["api_key"] = "sk-pool-s3cret\r\nx-injected: 1"
