@@ -68,7 +68,7 @@ class TenantDirectory:
         for tenant_config in config.tenants:
             tenant = Tenant.from_config(tenant_config)
             for key in tenant_config.api_keys:
-                self._by_key[key] = tenant
+                self._by_key[key.get_secret_value()] = tenant
         self._buckets: dict[str, TokenBucket] = {}
 
     def identify(self, api_key: str | None) -> Tenant | None:

@@ -8,9 +8,11 @@ bad file in one pass. The admission core receives only this section.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from config.secrets import read_secret_files
 
 
 class _Section(BaseModel):
@@ -63,10 +65,15 @@ class ModelAdmissionConfig(_Section):
 
 class TenantConfig(_Section):
     name: str = Field(min_length=1, description="Tenant name (text). No default. Example: 'search-team'.")
-    api_keys: tuple[str, ...] = Field(
+    api_keys: tuple[SecretStr, ...] = Field(
         default=(),
-        description="Bearer API keys that identify this tenant (list of text). Default empty. "
-        "Example: ['sk-search-1'].",
+        description="Bearer API keys that identify this tenant (list of text); secrets, never printed. "
+        "Default empty. Example: ['sk-search-1'].",
+    )
+    api_keys_file: str | None = Field(
+        default=None,
+        description="File holding api_keys, one per line (blank lines skipped); give this or api_keys "
+        "(path). Default none. Example: '/run/secrets/search-team-keys'.",
     )
     weight: float = Field(
         default=1.0,
@@ -89,6 +96,18 @@ class TenantConfig(_Section):
         description="Priority class of this tenant's requests (enum). Default 'standard'. "
         "Example: 'critical'.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secret_files(cls, data: Any) -> Any:
+        return read_secret_files(data, (), lists=("api_keys",))
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _digits_are_text(cls, value: object) -> object:
+        if isinstance(value, list | tuple):
+            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
 
 
 class DeadlineHeader(_Section):
@@ -255,7 +274,8 @@ class AdmissionConfig(_Section):
             if tenant.name in seen_names:
                 problems.append(f"tenants: name {tenant.name!r} appears twice")
             seen_names.add(tenant.name)
-            for key in tenant.api_keys:
+            for secret in tenant.api_keys:
+                key = secret.get_secret_value()
                 if key in seen_keys:
                     problems.append(
                         f"tenants: an API key of {tenant.name!r} already belongs to {seen_keys[key]!r}"

@@ -4,7 +4,10 @@ Overrides name a path into the document with double underscores: ``KVGATE_SERVER
 ``server.port``, ``KVGATE_POOLS__0__KV_CAPACITY_TOKENS=200000`` sets a field of the first pool.
 Each value is parsed as YAML, so ``KVGATE_POOLS__0__REPLICAS='[http://a:8000]'`` gives a list.
 Variables without a double underscore (``KVGATE_REQUIRE_REDIS``) are not overrides. Validation
-reports every bad key at once, each with its value and the unit its name implies.
+reports every bad key at once, each with its value and the unit its name implies, except secrets:
+the value of a secret field (every ``SecretStr`` of the schema), anywhere inside a reported value,
+shows as ``**********``, and the value of an unknown key (perhaps a misspelt secret) is not shown.
+pydantic's own error text, which quotes inputs, is never chained to the error raised.
 """
 
 from __future__ import annotations
@@ -13,10 +16,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from config.schema import GatewayConfig
 
@@ -40,6 +43,20 @@ _UNITS_BY_NAME = {
 }
 
 
+class _Hidden:
+    """A value the loader will not print: a secret (shown masked) or an unknown key's (not shown)."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def __repr__(self) -> str:
+        return self._text
+
+
+SECRET = _Hidden("**********")
+NOT_SHOWN = _Hidden("<not shown>")
+
+
 @dataclass(frozen=True, slots=True)
 class ConfigProblem:
     key: str
@@ -49,7 +66,8 @@ class ConfigProblem:
 
     def __str__(self) -> str:
         unit = f" (unit: {self.unit})" if self.unit else ""
-        return f"{self.key or '<root>'}: {self.message}{unit}; got {self.value!r}"
+        got = "" if self.value is NOT_SHOWN else f"; got {self.value!r}"
+        return f"{self.key or '<root>'}: {self.message}{unit}{got}"
 
 
 class ConfigError(ValueError):
@@ -70,10 +88,12 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
     if path is not None:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(source, [ConfigProblem("", str(path), f"cannot read: {exc}", None)]) from exc
+        except OSError as exc:
+            raise ConfigError(source, [ConfigProblem("", str(path), f"cannot read: {exc}", None)]) from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(source, [ConfigProblem("", str(path), _yaml_problem(exc), None)]) from None
     if not isinstance(data, dict):
-        raise ConfigError(source, [ConfigProblem("", data, "top level must be a mapping", None)])
+        raise ConfigError(source, [ConfigProblem("", NOT_SHOWN, "top level must be a mapping", None)])
     return parse_config(data, os.environ if environ is None else environ, source)
 
 
@@ -85,7 +105,7 @@ def parse_config(
         config = GatewayConfig.model_validate(merged)
     except ValidationError as exc:
         problems.extend(_problems(exc))
-        raise ConfigError(source, problems) from exc
+        raise ConfigError(source, problems) from None
     if problems:
         raise ConfigError(source, problems)
     return config
@@ -103,9 +123,7 @@ def apply_env_overrides(
         parts = name[len(ENV_PREFIX) :].lower().split(ENV_SEPARATOR)
         value = yaml.safe_load(environ[name]) if environ[name] else ""
         if not _set_path(merged, parts, value):
-            problems.append(
-                ConfigProblem(".".join(parts), environ[name], f"{name} names no settable key", None)
-            )
+            problems.append(ConfigProblem(".".join(parts), NOT_SHOWN, f"{name} names no settable key", None))
     return merged, problems
 
 
@@ -135,10 +153,52 @@ def _problems(exc: ValidationError) -> list[ConfigProblem]:
         loc = [str(p) for p in error["loc"] if not _is_union_tag(p)]
         key = ".".join(loc)
         field = next((p for p in reversed(loc) if not p.isdigit()), "")
-        value = error.get("input")
-        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
+        unknown = error["type"] == "extra_forbidden"
+        value = NOT_SHOWN if unknown else _redacted(error.get("input"), field)
+        message = "unknown key" if unknown else error["msg"]
         problems.append(ConfigProblem(key, value, message, unit_of(field)))
     return problems
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """Where and why the YAML does not parse, without the snippet of the line (it may hold a secret)."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"not valid YAML: {exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return "not valid YAML"
+
+
+def _secret_fields(model: type[BaseModel], seen: set[type[BaseModel]] | None = None) -> set[str]:
+    """Names of every ``SecretStr`` field in ``model`` and the sections under it."""
+    seen = set() if seen is None else seen
+    seen.add(model)
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        pending: list[Any] = [field.annotation]
+        while pending:
+            annotation = pending.pop()
+            if annotation is SecretStr:
+                names.add(name)
+            elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                if annotation not in seen:
+                    names |= _secret_fields(annotation, seen)
+            else:
+                pending.extend(get_args(annotation))
+    return names
+
+
+SECRET_FIELDS = frozenset(_secret_fields(GatewayConfig))
+
+
+def _redacted(value: Any, field: str) -> Any:
+    """``value`` with every secret field's value inside it masked."""
+    if field in SECRET_FIELDS and value is not None:
+        return SECRET
+    if isinstance(value, Mapping):
+        return {key: _redacted(item, str(key)) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_redacted(item, field) for item in value]
+    return value
 
 
 def _is_union_tag(part: object) -> bool:

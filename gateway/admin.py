@@ -8,7 +8,10 @@ what the gateway routes to, so it is authenticated: with an admin token, every c
 (403 otherwise), which keeps ``kvgate up`` usable on a laptop and a token-less deployment closed.
 Setting a pool's replicas follows ``GatewayState.set_pool_urls``: a new replica is cold (not
 routable until its health check passes) and a dropped one takes no new requests while the ones it
-is serving finish.
+is serving finish; each URL is checked and stored in the normal form of ``config.urls``.
+The observability routes (``OBSERVABILITY_PATHS``) are guarded, when ``server.protect_observability``
+says so, by ``ObservabilityGuard`` in the gateway's dispatcher: the same rule as ``/admin/*``,
+with ``server.observability_token`` accepted besides the admin token.
 """
 
 from __future__ import annotations
@@ -17,9 +20,8 @@ import hmac
 import ipaddress
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request, Response
@@ -27,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from config.schema import Pool
+from config.urls import replica_base_url
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized
 from gateway.scrape import scraped_capacity_tokens
 from gateway.state import GatewayState, ReplicaState
@@ -34,6 +37,9 @@ from gateway.state import GatewayState, ReplicaState
 MetricsRenderer = Callable[[], bytes]
 Clock = Callable[[], float]
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OBSERVABILITY_PATHS = frozenset(
+    {"/metrics", "/signals", "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"}
+)
 logger = logging.getLogger("kvgate.admin")
 
 
@@ -104,10 +110,7 @@ def build_admin_app(
                     "(server.admin_token)"
                 )
             return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), admin_token.encode()
-        ):
+        if not _bearer_matches(request.headers.get("authorization", ""), [admin_token]):
             raise AdminUnauthorized("admin routes need the header `Authorization: Bearer <admin token>`")
 
     admin = APIRouter(prefix="/admin", dependencies=[Depends(authorize)])
@@ -183,6 +186,7 @@ def replica_doc(replica: ReplicaState, now_s: float) -> dict[str, Any]:
     scraped = replica.scraped
     return {
         "id": replica.replica_id,
+        "name": replica.name,
         "url": replica.url,
         "healthy": replica.healthy,
         "in_flight": replica.in_flight,
@@ -209,7 +213,7 @@ def _known_pool(state: GatewayState, pool_name: str) -> Pool:
 
 
 def _replica_urls(raw: bytes) -> list[str]:
-    """The ``urls`` of a ``{"urls": [...]}`` body, each an http(s) base URL; every problem at once."""
+    """The ``urls`` of a ``{"urls": [...]}`` body in normal form (``config.urls``); every problem at once."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
@@ -217,32 +221,48 @@ def _replica_urls(raw: bytes) -> list[str]:
     urls = body.get("urls") if isinstance(body, dict) else None
     if not isinstance(urls, list):
         raise BadRequest('the body must be {"urls": ["http://host:port", ...]}', param="urls")
-    problems = [f"{url!r}: {problem}" for url in urls if (problem := _url_problem(url)) is not None]
+    normal, problems = [], []
+    for url in urls:
+        try:
+            normal.append(replica_base_url(url))
+        except ValueError as exc:
+            problems.append(f"{url!r}: {exc}")
     if problems:
         raise BadRequest("bad replica URLs: " + "; ".join(problems), param="urls")
-    return [str(url).rstrip("/") for url in urls]
+    return normal
 
 
-def _url_problem(url: object) -> str | None:
-    """Why ``url`` is not a replica base URL (``http(s)://host[:port]``, no path), or None."""
-    if not isinstance(url, str):
-        return "not a string"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        return "scheme must be http or https"
-    try:
-        port = parts.port
-    except ValueError:
-        port = 0
-    if port == 0:
-        return "port must be a number from 1 to 65535"
-    if not parts.hostname:
-        return "no host"
-    if parts.username is not None or parts.password is not None:
-        return "credentials are not allowed in a replica URL"
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
-        return "a replica URL is a base URL without path, query or fragment (the gateway adds /v1/...)"
-    return None
+class ObservabilityGuard:
+    """Who may read ``OBSERVABILITY_PATHS``: the bearer of one of ``tokens``; with no token at all,
+    loopback clients only (as ``/admin/*``)."""
+
+    def __init__(self, tokens: Iterable[str]) -> None:
+        self._tokens = list(tokens)
+
+    def refusal(self, headers: Iterable[tuple[bytes, bytes]], client_host: str) -> GatewayError | None:
+        """None when the request may go on; otherwise the error to answer with."""
+        if not self._tokens:
+            if _is_loopback(client_host):
+                return None
+            return AdminForbidden(
+                "observability routes accept loopback clients only while no admin or observability "
+                "token is configured (server.admin_token, server.observability_token)"
+            )
+        authorization = next((v.decode("latin-1") for n, v in headers if n == b"authorization"), "")
+        if _bearer_matches(authorization, self._tokens):
+            return None
+        return AdminUnauthorized(
+            "observability routes need the header `Authorization: Bearer <admin or observability token>`"
+        )
+
+
+def _bearer_matches(authorization: str, tokens: Iterable[str]) -> bool:
+    """Whether ``authorization`` is ``Bearer <one of tokens>`` (compared in constant time)."""
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = token.strip().encode()
+    return any(hmac.compare_digest(given, expected.encode()) for expected in tokens)
 
 
 def _is_loopback(host: str) -> bool:

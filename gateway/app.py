@@ -1,8 +1,10 @@
 """The gateway as one ASGI application: a raw dispatcher in front of the proxy and the admin app.
 
 The two completion routes go straight to ``Proxy.handle`` and ``GET /signals`` to the metrics'
-JSON document; every other path goes to FastAPI. The dispatcher also owns the lifespan: the
-completion routes' replica client, the aiohttp session of every other upstream call, the first
+JSON document; every other path goes to FastAPI. The observability routes pass the
+``ObservabilityGuard`` first when ``server.protect_observability`` (unset:
+``admission.auth_enabled``) says so. The dispatcher also owns the lifespan: the completion routes'
+replica client, the aiohttp session of every other upstream call, the first
 health probe and ``/metrics`` scrape round (so readiness is known before the first request) and
 the background tasks: health probes, vLLM metrics scraping, DNS,
 the admission pump, Redis coordination and the autoscaling recommender when configured.
@@ -17,12 +19,12 @@ import aiohttp
 import orjson
 
 from config.schema import GatewayConfig
-from gateway.admin import build_admin_app
+from gateway.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from gateway.autoscale_loop import GatewayRecommender
 from gateway.coordination import RedisCoordinator
 from gateway.decide import KvgateDecider
 from gateway.discovery import DnsDiscovery
-from gateway.errors import MethodNotAllowed
+from gateway.errors import GatewayError, MethodNotAllowed
 from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
 from gateway.proxy import Message, Proxy, Receive, Scope, Send, request_id_of, send_error
@@ -46,7 +48,14 @@ class Gateway:
         self.decider = KvgateDecider(self.state, config, self.metrics)
         routing = config.routing
         self.metrics.bind(FleetWork(self.state, self.decider, routing.scrape_stale_s, routing.warmup_s))
-        self.admin = build_admin_app(self.state, self.metrics.render, admin_token=config.server.admin_token)
+        server = config.server
+        admin_token = None if server.admin_token is None else server.admin_token.get_secret_value()
+        self.admin = build_admin_app(self.state, self.metrics.render, admin_token=admin_token)
+        protect = server.protect_observability
+        self._guard: ObservabilityGuard | None = None
+        if protect or (protect is None and config.admission.auth_enabled):
+            tokens = [t.get_secret_value() for t in (server.admin_token, server.observability_token) if t]
+            self._guard = ObservabilityGuard(tokens)
         self.coordinator: RedisCoordinator | None = None
         self._session: aiohttp.ClientSession | None = None
         self._client: ReplicaClient | None = None
@@ -93,7 +102,7 @@ class Gateway:
         coordination = self.config.coordination
         if coordination is not None:
             self.coordinator = RedisCoordinator(
-                coordination.redis_url,
+                coordination.redis_url.get_secret_value(),
                 self._local_loads,
                 interval_s=coordination.interval_s,
                 lease_s=coordination.lease_s,
@@ -130,6 +139,8 @@ class Gateway:
                 return
             assert self._proxy is not None, "gateway not started"
             await self._proxy.handle(scope, receive, send)
+        elif scope["type"] == "http" and (refusal := self._observability_refusal(scope)) is not None:
+            await send_error(send, refusal, request_id_of(scope))
         elif scope["type"] == "http" and scope["path"] == SIGNALS_PATH and scope["method"] == "GET":
             body = orjson.dumps(self.metrics.signals_doc())
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
@@ -139,6 +150,12 @@ class Gateway:
             await self._lifespan(receive, send)
         else:
             await self.admin(scope, receive, send)
+
+    def _observability_refusal(self, scope: Scope) -> GatewayError | None:
+        if self._guard is None or scope["path"] not in OBSERVABILITY_PATHS:
+            return None
+        client = scope.get("client")
+        return self._guard.refusal(scope["headers"], client[0] if client else "")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:

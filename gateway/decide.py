@@ -40,6 +40,7 @@ from gateway.errors import BadRequest, GatewayError, ServiceUnavailable, TooMany
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptEncoder
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
+from gateway.upstream import replica_headers
 from routing.health import (
     STARTING,
     HealthRules,
@@ -75,11 +76,16 @@ class Refusal:
     error: GatewayError
 
 
+_CLIENT_CREDENTIALS = frozenset({b"authorization", b"cookie"})
+
+
 def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The key of ``Authorization: Bearer <key>`` (scheme in any case); None for any other form,
+    a bare key included, which OpenAI refuses too."""
     for name, value in headers:
         if name == b"authorization":
             text = value.decode("latin-1")
-            return text[7:].strip() if text[:7].lower() == "bearer " else text.strip()
+            return (text[7:].strip() or None) if text[:7].lower() == "bearer " else None
     return None
 
 
@@ -105,6 +111,7 @@ class KvgateDecider:
     ) -> None:
         self._state = state
         self._config = config.admission
+        self._forward_credentials = config.server.forward_client_credentials
         self._metrics = metrics
         self._clock = clock
         self.controller = AdmissionController(self._config, state.ledger)
@@ -206,8 +213,10 @@ class KvgateDecider:
         tenant = self.controller.tenants.identify(_bearer_key(request.headers))
         if tenant is None:
             return Refusal(Unauthorized("Incorrect API key provided.", reason="unauthorized"))
-        if self._config.auth_enabled:
-            request.upstream_headers = [h for h in request.upstream_headers if h[0] != b"authorization"]
+        if not self._forward_credentials:
+            request.upstream_headers = [
+                h for h in request.upstream_headers if h[0] not in _CLIENT_CREDENTIALS
+            ]
         chat = request.endpoint == CHAT_PATH
         batch = None if chat else batch_of(request.body)
         work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)
@@ -224,7 +233,8 @@ class KvgateDecider:
                 ]
                 token_ids, prompt_tokens = each[0], [len(ids) for ids in each]
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            message = f"cannot count the prompt's tokens with a replica of '{request.model}': {exc}"
+            log.warning("counting a prompt with a replica of %s failed: %r", request.model, exc)
+            message = f"cannot count the prompt's tokens with a replica of '{request.model}'"
             retry_after_s = self._config.no_replica_retry_after_s
             return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
         cost = estimate_cost(
@@ -307,10 +317,12 @@ class KvgateDecider:
             return token_ids
         assert self.session is not None, "gateway not started"
         url = ""
+        headers = None
         if not self._encoder.is_local(request.model):
             serving = self._state.routable(request.model)
             url = serving[0].url if serving else ""
-        return await self._encoder.encode(request.model, body, size_bytes, self.session, url)
+            headers = replica_headers(serving[0]) if serving else None
+        return await self._encoder.encode(request.model, body, size_bytes, self.session, url, headers)
 
     def _place(
         self, request: ProxyRequest, candidates: tuple[ReplicaView, ...], now_s: float

@@ -18,10 +18,13 @@
 Failures of the completion routes' replica client (``gateway.replica_http``) are translated into
 this tree in exactly one place, ``translate_upstream``.
 Replica 4xx answers are not errors here: they pass through as the replica wrote them.
+A message about a replica names it by ``ReplicaState.name``, never by URL (clients do not learn
+the fleet's addresses); the log line of the same failure carries both.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import orjson
@@ -32,6 +35,8 @@ from gateway.replica_http import (
     ReplicaHTTPError,
     ReplicaTimeout,
 )
+
+logger = logging.getLogger("kvgate.upstream")
 
 
 class GatewayError(Exception):
@@ -128,23 +133,29 @@ class GatewayTimeout(GatewayError):
     error_type = "GatewayTimeoutError"
 
 
-def translate_upstream(exc: BaseException, replica_url: str) -> GatewayError:
-    """The one place where a failure talking to a replica becomes a gateway error."""
+def translate_upstream(exc: BaseException, replica_name: str, replica_url: str) -> GatewayError:
+    """The one place where a failure talking to a replica becomes a gateway error. The client's
+    message keeps only text the gateway wrote (an OS error names the address it failed on)."""
     if isinstance(exc, GatewayError):
         return exc
-    if isinstance(exc, ReplicaTimeout | TimeoutError):
-        return GatewayTimeout(f"replica {replica_url} timed out: {exc}")
+    logger.warning("replica %s (%s) failed: %s: %s", replica_name, replica_url, type(exc).__name__, exc)
+    if isinstance(exc, ReplicaTimeout):
+        return GatewayTimeout(f"replica {replica_name} timed out: {exc}")
+    if isinstance(exc, TimeoutError):
+        return GatewayTimeout(f"replica {replica_name} timed out")
     if isinstance(exc, ReplicaConnectError):
-        return BadGateway(f"cannot connect to replica {replica_url}: {exc}")
+        return BadGateway(f"cannot connect to replica {replica_name}")
     if isinstance(exc, ReplicaDisconnected):
-        return BadGateway(f"replica {replica_url} closed the connection mid-response")
-    if isinstance(exc, ReplicaHTTPError | OSError):
-        return BadGateway(f"replica {replica_url} failed: {exc}")
+        return BadGateway(f"replica {replica_name} closed the connection mid-response")
+    if isinstance(exc, ReplicaHTTPError):
+        return BadGateway(f"replica {replica_name} failed: {exc}")
+    if isinstance(exc, OSError):
+        return BadGateway(f"replica {replica_name} failed")
     return InternalError("internal gateway error")
 
 
 def upstream_status_error(
-    status: int, replica_url: str, body: bytes, retry_after_s: float | None = None
+    status: int, replica_name: str, replica_url: str, body: bytes, retry_after_s: float | None = None
 ) -> GatewayError:
     """A replica's 429 or 5xx answer as a gateway error, keeping the replica's own message when it
     has one. A 429 is the replica's backpressure: it stays a 429, with the replica's Retry-After."""
@@ -158,10 +169,11 @@ def upstream_status_error(
         detail = body[:200].decode(errors="replace")
     suffix = f": {detail}" if detail else ""
     if status == 429:
-        message = f"replica {replica_url} is saturated (429){suffix}"
+        message = f"replica {replica_name} is saturated (429){suffix}"
         return TooManyRequests(message, retry_after_s=retry_after_s)
+    logger.warning("replica %s (%s) answered %d%s", replica_name, replica_url, status, suffix)
     if status == 503:
-        return ServiceUnavailable(f"replica {replica_url} is unavailable (503){suffix}", retry_after_s=1.0)
+        return ServiceUnavailable(f"replica {replica_name} is unavailable (503){suffix}", retry_after_s=1.0)
     if status == 504:
-        return GatewayTimeout(f"replica {replica_url} timed out (504){suffix}")
-    return BadGateway(f"replica {replica_url} answered {status}{suffix}")
+        return GatewayTimeout(f"replica {replica_name} timed out (504){suffix}")
+    return BadGateway(f"replica {replica_name} answered {status}{suffix}")

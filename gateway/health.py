@@ -3,7 +3,9 @@
 Each probe's outcome (200 is a success; any other status, a timeout or a refused connection is a
 failure) goes to the decider's ``HealthTracker``, the same state machine that passive observations
 of real requests feed, so one set of thresholds (the ``health`` section) decides when a replica is
-routable, ejected and back. ``/readyz`` is true while at least one replica is routable.
+routable, ejected and back. ``/readyz`` is true while at least one replica is routable. A probe
+carries the pool's ``api_key`` (vLLM's ``--api-key`` guards only ``/v1/*``, but a proxy in front of
+a replica may guard everything).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import aiohttp
 
 from config.schema import Health
 from gateway.state import GatewayState, ReplicaState
+from gateway.upstream import replica_headers
 from routing.health import Outcome
 
 
@@ -52,7 +55,9 @@ class HealthMonitor:
 
     async def _probe(self, replica: ReplicaState) -> bool:
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
-            async with self._session.get(replica.url + self._health.path, timeout=self._timeout) as response:
+            async with self._session.get(
+                replica.url + self._health.path, headers=replica_headers(replica), timeout=self._timeout
+            ) as response:
                 await response.read()
                 return response.status == 200
         return False

@@ -62,25 +62,31 @@ class PromptEncoder:
         raw_size_bytes: int,
         session: aiohttp.ClientSession,
         url: str,
+        headers: Mapping[str, str] | None = None,
     ) -> list[int]:
+        """``headers`` go with a ``/tokenize`` call (the pool's ``Authorization``)."""
         ids = self.encode_inline(model, body, raw_size_bytes)
         if ids is not None:
             return ids
         tokenizer, template = self._local[model]
         if tokenizer is None:
-            return await _replica_tokens(session, url, model, body)
+            return await _replica_tokens(session, url, model, body, headers)
         return await asyncio.to_thread(encode_prompt, body, tokenizer, template)
 
 
 async def _replica_tokens(
-    session: aiohttp.ClientSession, url: str, model: str, body: Mapping[str, Any]
+    session: aiohttp.ClientSession,
+    url: str,
+    model: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str] | None,
 ) -> list[int]:
     payload: dict[str, Any] = {"model": model}
     if "messages" in body:
         payload["messages"] = body["messages"]
     else:
         payload["prompt"] = prompt_text(body.get("prompt"))
-    async with session.post(url + "/tokenize", json=payload) as response:
+    async with session.post(url + "/tokenize", json=payload, headers=headers) as response:
         response.raise_for_status()
         answer = await response.json()
     tokens = answer.get("tokens")

@@ -13,7 +13,10 @@ A watcher on ``receive`` notices the client leaving (``http.disconnect``) and ca
 at once: the replica client then closes the upstream connection, which is how vLLM learns to abort
 the sequence. Connect, first-byte and idle timeouts are the replica client's (``replica_http``).
 Upstream failures become gateway errors in ``errors.translate_upstream``; replica 4xx bodies pass
-through as written.
+through as written. Headers: hop-by-hop ones (RFC 9110 section 7.6.1, and any a replica's
+``Connection`` names) go neither way; the client's ``Authorization`` and ``Cookie`` reach replicas
+and a replica's ``Set-Cookie`` reaches the client only under ``server.forward_client_credentials``
+(the decider strips the client's; a pool's ``api_key`` replaces ``Authorization`` per attempt).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ _NOT_FORWARDED = frozenset(
         b"content-length",
         b"transfer-encoding",
         b"te",
+        b"trailer",
         b"upgrade",
         b"proxy-connection",
         b"proxy-authorization",
@@ -70,11 +74,18 @@ _NOT_RELAYED = frozenset(
         b"keep-alive",
         b"content-length",
         b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authenticate",
         b"date",
         b"server",
         REQUEST_ID_HEADER,
     }
 )
+_SET_COOKIE = b"set-cookie"
+_AUTHORIZATION = b"authorization"
 _PRODUCED_REPORT_EVENTS = 16
 """The ledger hears a stream's produced-token total once per this many SSE events."""
 _USAGE_ONLY = b'"choices":[]'
@@ -92,6 +103,9 @@ class Proxy:
         self._decider = decider
         self._client = client
         self._max_body_bytes = server.max_body_bytes
+        self._not_relayed = (
+            _NOT_RELAYED if server.forward_client_credentials else _NOT_RELAYED | {_SET_COOKIE}
+        )
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = os.urandom(16).hex()
@@ -154,20 +168,25 @@ class Proxy:
         response: ReplicaResponse | None = None
         replica_url = replica.url
         decider = self._decider
+        upstream_headers = request.upstream_headers
+        if replica.authorization is not None:
+            upstream_headers = [h for h in upstream_headers if h[0] != _AUTHORIZATION]
+            upstream_headers.append((_AUTHORIZATION, replica.authorization))
         try:
             response = await self._client.post(
                 replica_url,
                 request.endpoint,
                 request.raw_body,
-                request.upstream_headers,
+                upstream_headers,
                 stream=request.stream,
             )
             status = response.status
             if status >= 500 or status == 429:
                 retry_after_s = _retry_after_s(response.header(b"retry-after"))
                 decider.observe(replica, status, retry_after_s)
-                raise upstream_status_error(status, replica_url, await response.read(), retry_after_s)
-            headers = _relay_headers(response.headers, request.x_request_id)
+                body = await response.read()
+                raise upstream_status_error(status, replica.name, replica_url, body, retry_after_s)
+            headers = _relay_headers(response.headers, request.x_request_id, self._not_relayed)
             if not request.stream or status != 200:
                 body = await response.read()
                 if status == 200:
@@ -191,7 +210,7 @@ class Proxy:
         except (asyncio.CancelledError, GeneratorExit):
             raise
         except Exception as exc:
-            error = translate_upstream(exc, replica_url)
+            error = translate_upstream(exc, replica.name, replica_url)
             if response is None or (response.status < 500 and response.status != 429):
                 decider.observe(replica, None)
             if not request.response_started:
@@ -437,8 +456,22 @@ def request_id_of(scope: Scope) -> str:
     return os.urandom(16).hex()
 
 
-def _relay_headers(raw: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
-    headers = [(low, value) for name, value in raw if (low := name.lower()) not in _NOT_RELAYED]
+def _relay_headers(
+    raw: list[tuple[bytes, bytes]], request_id: str, not_relayed: frozenset[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """The replica's headers the client gets: without ``not_relayed`` ones and any the replica's
+    ``Connection`` header names as hop-by-hop."""
+    headers = []
+    connection = None
+    for name, value in raw:
+        low = name.lower()
+        if low not in not_relayed:
+            headers.append((low, value))
+        elif low == b"connection":
+            connection = value
+    if connection is not None:
+        named = {token.strip().lower() for token in connection.split(b",")}
+        headers = [header for header in headers if header[0] not in named]
     headers.append((REQUEST_ID_HEADER, request_id.encode()))
     return headers
 

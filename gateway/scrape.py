@@ -8,7 +8,7 @@ metric families: it finds the wanted sample lines with ``str.find`` and reads on
 real vLLM page carries thousands of histogram lines the gateway never looks at. Data-parallel
 engines on one replica (label ``engine``) are added up: requests and GPU blocks are summed, KV usage
 is the block-weighted mean. vLLM v1 names come first; ``vllm:gpu_cache_usage_perc`` (vLLM v0) is
-read when ``vllm:kv_cache_usage_perc`` is absent.
+read when ``vllm:kv_cache_usage_perc`` is absent. A scrape carries the pool's ``api_key``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from gateway.state import GatewayState, ReplicaState
+from gateway.upstream import replica_headers
 from routing.replica import ScrapedMetrics
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -143,7 +144,9 @@ class Scraper:
 
     async def _scrape(self, replica: ReplicaState) -> None:
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
-            async with self._session.get(replica.url + METRICS_PATH, timeout=self._timeout) as response:
+            async with self._session.get(
+                replica.url + METRICS_PATH, headers=replica_headers(replica), timeout=self._timeout
+            ) as response:
                 if response.status != 200:
                     return
                 body = await response.read()

@@ -7,6 +7,7 @@ counters go up when a request is routed to a replica and down exactly once in th
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,13 @@ from routing.replica import ReplicaLoad, Role, ScrapedMetrics
 from routing.request import RoutingRequest
 
 
+def replica_name(pool: str, url: str) -> str:
+    """The name a replica goes by in what clients see (error messages): ``<pool>-<8 hex digits of
+    SHA-256 of its URL>``. Stable across restarts and identical on every gateway of a fleet, and it
+    gives away no address; ``/admin/pools`` and the logs pair it with the URL."""
+    return f"{pool}-{hashlib.sha256(url.encode()).hexdigest()[:8]}"
+
+
 @dataclass(slots=True, eq=False)
 class ReplicaState:
     replica_id: str
@@ -27,6 +35,11 @@ class ReplicaState:
     models: frozenset[str]
     kv_capacity_tokens: int
     max_sequences: int
+    name: str = ""
+    """What clients may be told (``replica_name``); never the URL."""
+    authorization: bytes | None = field(default=None, repr=False)
+    """``Bearer <pool api_key>``, sent on every call to the replica, when its pool has a key (a
+    secret: left out of the repr)."""
     healthy: bool = False
     probe_successes: int = 0
     probe_failures: int = 0
@@ -54,7 +67,8 @@ class ProxyRequest:
     headers: list[tuple[bytes, bytes]]
     """The client's headers, as received (minus hop-by-hop ones)."""
     upstream_headers: list[tuple[bytes, bytes]]
-    """What is sent to the replica: the client's headers plus ``x_request_id``."""
+    """What is sent to the replica: the client's headers plus ``x_request_id``, without its
+    ``Authorization`` and ``Cookie`` unless ``server.forward_client_credentials``."""
     replica: ReplicaState | None = None
     response_started: bool = False
     disconnected: bool = False
@@ -121,6 +135,10 @@ class GatewayState:
                     models=self.pool_models(pool),
                     kv_capacity_tokens=pool.kv_capacity_tokens,
                     max_sequences=pool.max_sequences,
+                    name=replica_name(pool_name, url),
+                    authorization=None
+                    if pool.api_key is None
+                    else b"Bearer " + pool.api_key.get_secret_value().encode("latin-1"),
                 )
 
     def routable(self, model: str) -> list[ReplicaState]:

@@ -5,7 +5,8 @@ completion routes use ``gateway.replica_http.ReplicaClient``, which costs a fift
 request. Connections are kept alive per replica. Bodies are taken untouched: no automatic
 decompression and no ``Accept-Encoding``/``User-Agent`` added. No cookie jar: one client's cookies
 must never reach another client's request. aiohttp sets ``TCP_NODELAY`` on every
-connection it opens (``aiohttp.base_protocol.BaseProtocol.connection_made``).
+connection it opens (``aiohttp.base_protocol.BaseProtocol.connection_made``). Every call carries
+the replica's pool ``api_key`` (``replica_headers``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from __future__ import annotations
 import aiohttp
 
 from config.schema import Server
+from gateway.state import ReplicaState
+
+
+def replica_headers(replica: ReplicaState) -> dict[str, str] | None:
+    """Headers of the gateway's own calls to ``replica``: its pool's ``Authorization``, if any."""
+    if replica.authorization is None:
+        return None
+    return {"Authorization": replica.authorization.decode("latin-1")}
 
 
 def create_session(server: Server) -> aiohttp.ClientSession:

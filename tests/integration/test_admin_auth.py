@@ -94,7 +94,7 @@ async def test_an_all_digit_token_from_the_environment_is_text() -> None:
         "pools": [{"name": "default", "replicas": [REPLICA], "kv_capacity_tokens": 100000}],
     }
     config = parse_config(base, {"KVGATE_SERVER__ADMIN_TOKEN": "123456"})
-    assert config.server.admin_token == "123456"
+    assert config.server.admin_token is not None and config.server.admin_token.get_secret_value() == "123456"
     async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
         assert (await http.get("/admin/pools")).status_code == 401
         granted = await http.get("/admin/pools", headers={"authorization": "Bearer 123456"})
