@@ -166,7 +166,8 @@ class PoolAutoscaler:
                 reason = SCALE_IN_IDLE
         if desired > p.max_replicas:
             desired, reason = p.max_replicas, MAX_REPLICAS
-        if desired < p.min_replicas:
+        if desired < p.min_replicas or (reason == HOLD and s.replicas_current < desired == p.min_replicas):
+            # Also while the pool is still coming up to the floor: that is what holds it there.
             desired, reason = p.min_replicas, MIN_REPLICAS
         self._record(desired, s.replicas_current, now_s)
         return Recommendation(self.pool, desired, reason, detail)

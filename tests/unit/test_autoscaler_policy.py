@@ -117,8 +117,12 @@ def test_no_scale_in_within_scale_down_delay_of_a_scale_out() -> None:
 
 def test_min_and_max_bound_every_answer() -> None:
     p = policy(min_replicas=3, max_replicas=5)
-    below = PoolAutoscaler("chat", p).update(sig(0, replicas=1))
-    assert (below.desired_replicas, below.reason) == (3, MIN_REPLICAS)
+    scaler = PoolAutoscaler("chat", p)
+    for t in (0.0, STEP_S, 2 * STEP_S):
+        below = scaler.update(sig(t, replicas=1))
+        assert (below.desired_replicas, below.reason) == (3, MIN_REPLICAS), (
+            "the floor is why, until it is met"
+        )
     hot = run(PoolAutoscaler("chat", replace_cold(p)), 0, 3600, replicas=4, **HOT)
     assert max(r.desired_replicas for r in hot) == 5
     assert hot[-1].reason == MAX_REPLICAS
