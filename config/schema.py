@@ -126,7 +126,8 @@ class Health(Section):
 
 class Coordination(Section):
     redis_url: str = Field(
-        description="Redis shared by the gateway replicas of one fleet. Example: redis://redis:6379/0"
+        pattern=r"^(redis|rediss|unix)://",
+        description="Redis shared by the gateway replicas of one fleet. Example: redis://redis:6379/0",
     )
     lease_s: float = Field(
         default=5.0,
@@ -142,6 +143,16 @@ class Coordination(Section):
         description=(
             "Key prefix in Redis: gateways in front of one fleet share it, another fleet on the same "
             "Redis uses its own. Default kvgate. Example: kvgate-prod-llama"
+        ),
+    )
+    fail_mode: Literal["open", "closed"] = Field(
+        default="open",
+        description=(
+            "What the gateway does while it cannot see the other gateways' loads (Redis unreachable, "
+            "or its last good sync older than lease_s): open keeps admitting on its own ledger alone, "
+            "closed refuses new requests with 503 (reason coordination_unavailable) and /readyz "
+            "answers 503. Either way it logs the errors and exports kvgate_coordination_up 0. "
+            "Default open. Example: closed"
         ),
     )
 

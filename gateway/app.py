@@ -16,6 +16,8 @@ import contextlib
 import aiohttp
 import orjson
 
+from admission.coordination import FailMode
+from admission.decision import RejectReason
 from config.schema import GatewayConfig
 from gateway.admin import build_admin_app
 from gateway.autoscale_loop import GatewayRecommender
@@ -46,8 +48,26 @@ class Gateway:
         self.decider = KvgateDecider(self.state, config, self.metrics)
         routing = config.routing
         self.metrics.bind(FleetWork(self.state, self.decider, routing.scrape_stale_s, routing.warmup_s))
-        self.admin = build_admin_app(self.state, self.metrics.render, admin_token=config.server.admin_token)
         self.coordinator: RedisCoordinator | None = None
+        coordination = config.coordination
+        if coordination is not None:
+            self.coordinator = RedisCoordinator(
+                coordination.redis_url,
+                self._local_loads,
+                interval_s=coordination.interval_s,
+                lease_s=coordination.lease_s,
+                namespace=coordination.namespace,
+                fail_mode=FailMode(coordination.fail_mode),
+                metrics=self.metrics,
+            )
+            self.metrics.bind_coordination(self.coordinator.status)
+            self.decider.coordination_refusal = self.coordinator.refusal
+        self.admin = build_admin_app(
+            self.state,
+            self.metrics.render,
+            admin_token=config.server.admin_token,
+            unready_reason=self._unready_reason,
+        )
         self._session: aiohttp.ClientSession | None = None
         self._client: ReplicaClient | None = None
         self._proxy: Proxy | None = None
@@ -60,6 +80,11 @@ class Gateway:
 
     def _local_loads(self) -> dict[str, ReplicaLoad]:
         return {replica_id: self.state.ledger.load(replica_id) for replica_id in self.state.replicas}
+
+    def _unready_reason(self) -> str | None:
+        if self.coordinator is not None and self.coordinator.status().refusing:
+            return RejectReason.COORDINATION_UNAVAILABLE.value
+        return None
 
     async def start(self) -> None:
         self._session = create_session(self.config.server)
@@ -90,15 +115,7 @@ class Gateway:
         if self.config.autoscaler is not None:
             recommender = GatewayRecommender(self.metrics, self.config.autoscaler)
             self._tasks.append(asyncio.create_task(recommender.run(), name="kvgate-autoscaler"))
-        coordination = self.config.coordination
-        if coordination is not None:
-            self.coordinator = RedisCoordinator(
-                coordination.redis_url,
-                self._local_loads,
-                interval_s=coordination.interval_s,
-                lease_s=coordination.lease_s,
-                namespace=coordination.namespace,
-            )
+        if self.coordinator is not None:
             await self.coordinator.start()
             self.decider.foreign_loads = self.coordinator.foreign_loads
 
@@ -112,7 +129,6 @@ class Gateway:
         self.decider.cancel_all()
         if self.coordinator is not None:
             await self.coordinator.stop()
-            self.coordinator = None
         if self._client is not None:
             await self._client.close()
             self._client = None
