@@ -275,3 +275,39 @@ async def test_redis_stopped_under_two_gateways_then_restarted(
             assert (await http.get(gw_b.url + "/readyz")).status_code == 200
             await assert_idle(gw_a)
             await assert_idle(gw_b)
+
+
+async def test_fail_closed_holds_the_queue_while_blind_and_dispatches_when_redis_is_back() -> None:
+    async with private_redis() as server, SimFleet(replicas=1, time_scale=0.1, seed=0) as fleet:
+        replica = fleet.urls[0]
+        config = gateway_config(
+            fleet.urls,
+            pools=[{"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": 20000}],
+            routing={"warmup_s": 0},
+            admission={"max_queue_wait_s": 3600},
+            coordination={"redis_url": server.url(), "fail_mode": "closed", **FAST_SYNC},
+        )
+        hold = {"model": MODEL, "prompt": "x", "max_tokens": 19000, "ignore_eos": True}
+        late = {"model": MODEL, "prompt": "x", "max_tokens": 1000, "ignore_eos": True}
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=60) as http:
+            coordinator = gw.gateway.coordinator
+            assert coordinator is not None and coordinator.connected
+            holder = asyncio.create_task(http.post(gw.url + "/v1/completions", json=hold))
+            assert await eventually(lambda: gw.state.ledger.load(replica).resident_sequences == 1)
+            waiter = asyncio.create_task(http.post(gw.url + "/v1/completions", json=late))
+            assert await eventually(lambda: gw.state.queued == 1)
+
+            await server.stop()
+            assert await eventually(lambda: not coordinator.connected)
+            holder.cancel()
+            await asyncio.gather(holder, return_exceptions=True)
+            assert await eventually(lambda: gw.state.ledger.load(replica) == ReplicaLoad())
+            await asyncio.sleep(0.3)
+            assert gw.state.queued == 1 and not waiter.done()
+            assert gw.state.ledger.load(replica) == ReplicaLoad()
+
+            await server.start()
+            answer = await waiter
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["usage"]["completion_tokens"] == 1000
+            await assert_idle(gw)
