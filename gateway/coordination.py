@@ -8,7 +8,8 @@ of the gateways listed there. A gateway that crashes stops renewing its hash, so
 vanish from everyone's view within one lease; the next reader drops it from the registry.
 
 One sync reads a bounded amount whatever is stored: at most ``MAX_GATEWAYS`` registry members (the
-most recent), and only hashes of at most ``MAX_REPLICAS_PER_GATEWAY`` fields. An entry that is not
+most recent), only hashes of at most ``MAX_REPLICAS_PER_GATEWAY`` fields, and ``MAX_FIELDS_PER_SYNC``
+fields in all. An entry that is not
 a load (not JSON, wrong shape, a negative or absurd number, a replica name that is not UTF-8), a
 hash that is too big or a key of the wrong type is skipped on its own, counted as ``bad_value`` and
 logged; the rest still counts. Redis failing never stops the gateway starting or serving: each
@@ -53,6 +54,8 @@ MAX_GATEWAYS = 256
 """Registry members one sync reads, newest first; a namespace with more is broken or hostile."""
 MAX_REPLICAS_PER_GATEWAY = 4096
 """Fields of one gateway's hash one sync reads; a bigger hash is skipped as a bad value."""
+MAX_FIELDS_PER_SYNC = 65536
+"""Fields one sync reads in all, newest gateways first; the hashes past it are skipped as bad values."""
 MAX_LOAD_VALUE = 1 << 40
 """Above this (about 10^12 tokens) a published number is not a load."""
 ERROR_LOG_INTERVAL_S = 30.0
@@ -320,6 +323,7 @@ class RedisCoordinator:
             sizes = await pipe.execute(raise_on_error=False)
         wanted: list[tuple[bytes, bytes]] = []
         gone: list[tuple[bytes, bytes]] = []
+        budget = MAX_FIELDS_PER_SYNC
         for member, key, size in zip(others, keys, sizes, strict=True):
             if isinstance(size, ResponseError):
                 read.bad.append(f"gateway {member!r}: {size}")
@@ -329,7 +333,10 @@ class RedisCoordinator:
                 gone.append((member, key))
             elif size > MAX_REPLICAS_PER_GATEWAY:
                 read.bad.append(f"gateway {member!r}: {size} replicas, over {MAX_REPLICAS_PER_GATEWAY}")
+            elif size > budget:
+                read.bad.append(f"gateway {member!r}: past {MAX_FIELDS_PER_SYNC} fields in one sync")
             else:
+                budget -= size
                 wanted.append((member, key))
         async with client.pipeline(transaction=False) as pipe:
             for _, key in wanted:
