@@ -44,6 +44,11 @@ class CoordinationGate:
     retry_after_s: float
     """What a refused client is told to wait: the next sync may restore the view."""
 
+    @property
+    def may_refuse(self) -> bool:
+        """False when ``refusal`` is always None, so the edge need not ask it on every request."""
+        return self.fail_mode is FailMode.CLOSED
+
     def sees_others(self, now_s: float, reachable: bool, last_sync_s: float | None) -> bool:
         """``reachable``: the latest sync attempt reached Redis; ``last_sync_s``: when the last good
         one ended (None: never)."""

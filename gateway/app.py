@@ -61,7 +61,8 @@ class Gateway:
                 metrics=self.metrics,
             )
             self.metrics.bind_coordination(self.coordinator.status)
-            self.decider.coordination_refusal = self.coordinator.refusal
+            if self.coordinator.gate.may_refuse:
+                self.decider.coordination_refusal = self.coordinator.refusal
         self.admin = build_admin_app(
             self.state,
             self.metrics.render,

@@ -28,6 +28,7 @@ def test_closed_refuses_exactly_while_the_others_are_unseen_and_open_never(
     closed = CoordinationGate(FailMode.CLOSED, LEASE_S, retry_after_s=0.5)
     opened = CoordinationGate(FailMode.OPEN, LEASE_S, retry_after_s=0.5)
     assert closed.sees_others(NOW_S, reachable, last_sync_s) is sees
+    assert closed.may_refuse and not opened.may_refuse
     assert opened.refusal(NOW_S, reachable, last_sync_s) is None
     refusal = closed.refusal(NOW_S, reachable, last_sync_s)
     if sees:
