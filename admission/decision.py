@@ -24,6 +24,7 @@ class RejectReason(StrEnum):
     TENANT_BUDGET = "tenant_budget"
     DEADLINE = "deadline"
     NO_REPLICA = "no_replica"
+    COORDINATION_UNAVAILABLE = "coordination_unavailable"
 
 
 @frozen_value

@@ -173,8 +173,8 @@ class Health(Section):
 class Coordination(Section):
     redis_url: SecretStr = Field(
         description=(
-            "Redis shared by the gateway replicas of one fleet; a secret (it may carry a password), "
-            "never printed. Example: redis://:password@redis:6379/0"
+            "Redis shared by the gateway replicas of one fleet, redis://, rediss:// or unix://; a secret "
+            "(it may carry a password), never printed. Example: redis://:password@redis:6379/0"
         )
     )
     redis_url_file: str | None = Field(
@@ -198,11 +198,28 @@ class Coordination(Section):
             "Redis uses its own. Default kvgate. Example: kvgate-prod-llama"
         ),
     )
+    fail_mode: Literal["open", "closed"] = Field(
+        default="open",
+        description=(
+            "What the gateway does while it cannot see the other gateways' loads (Redis unreachable, "
+            "or its last good sync older than lease_s): open keeps admitting on its own ledger alone, "
+            "closed refuses new requests with 503 (reason coordination_unavailable) and /readyz "
+            "answers 503. Either way it logs the errors and exports kvgate_coordination_up 0. "
+            "Default open. Example: closed"
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _read_secret_files(cls, data: Any) -> Any:
         return read_secret_files(data, ("redis_url",))
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return value
 
 
 class TiktokenTokenizer(Section):

@@ -58,13 +58,20 @@ class AdminConflict(GatewayError):
     error_type = "ConflictError"
 
 
+def _always_ready() -> str | None:
+    return None
+
+
 def build_admin_app(
     state: GatewayState,
     render_metrics: MetricsRenderer,
     admin_token: str | None = None,
     clock: Clock = time.monotonic,
+    unready_reason: Callable[[], str | None] = _always_ready,
 ) -> FastAPI:
-    """``clock`` must be the one scrapes are stamped with (it measures their age)."""
+    """``clock`` must be the one scrapes are stamped with (it measures their age).
+    ``unready_reason`` names why the gateway refuses every new request even with routable
+    replicas (``coordination_unavailable``), or None."""
     app = FastAPI(title="kvgate", description="OpenAI-compatible gateway for vLLM fleets", version="0.1.0")
     created_s = int(time.time())
     if admin_token is None:
@@ -94,8 +101,12 @@ def build_admin_app(
     @app.get("/readyz")
     async def readyz() -> Response:
         routable = sum(1 for r in state.replicas.values() if r.healthy)
-        body = f'{{"ready": {str(routable > 0).lower()}, "routable_replicas": {routable}}}'
-        return Response(body, status_code=200 if routable else 503, media_type="application/json")
+        reason = unready_reason()
+        ready = routable > 0 and reason is None
+        doc: dict[str, object] = {"ready": ready, "routable_replicas": routable}
+        if reason is not None:
+            doc["reason"] = reason
+        return Response(orjson.dumps(doc), status_code=200 if ready else 503, media_type="application/json")
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -18,6 +18,8 @@ import contextlib
 import aiohttp
 import orjson
 
+from admission.coordination import FailMode
+from admission.decision import RejectReason
 from config.schema import GatewayConfig
 from gateway.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from gateway.autoscale_loop import GatewayRecommender
@@ -49,14 +51,32 @@ class Gateway:
         routing = config.routing
         self.metrics.bind(FleetWork(self.state, self.decider, routing.scrape_stale_s, routing.warmup_s))
         server = config.server
-        admin_token = None if server.admin_token is None else server.admin_token.get_secret_value()
-        self.admin = build_admin_app(self.state, self.metrics.render, admin_token=admin_token)
         protect = server.protect_observability
         self._guard: ObservabilityGuard | None = None
         if protect or (protect is None and config.admission.auth_enabled):
             tokens = [t.get_secret_value() for t in (server.admin_token, server.observability_token) if t]
             self._guard = ObservabilityGuard(tokens)
         self.coordinator: RedisCoordinator | None = None
+        coordination = config.coordination
+        if coordination is not None:
+            self.coordinator = RedisCoordinator(
+                coordination.redis_url.get_secret_value(),
+                self._local_loads,
+                interval_s=coordination.interval_s,
+                lease_s=coordination.lease_s,
+                namespace=coordination.namespace,
+                fail_mode=FailMode(coordination.fail_mode),
+                metrics=self.metrics,
+            )
+            self.metrics.bind_coordination(self.coordinator.status)
+            if self.coordinator.gate.may_refuse:
+                self.decider.coordination_refusal = self.coordinator.refusal
+        self.admin = build_admin_app(
+            self.state,
+            self.metrics.render,
+            admin_token=None if server.admin_token is None else server.admin_token.get_secret_value(),
+            unready_reason=self._unready_reason,
+        )
         self._session: aiohttp.ClientSession | None = None
         self._client: ReplicaClient | None = None
         self._proxy: Proxy | None = None
@@ -69,6 +89,11 @@ class Gateway:
 
     def _local_loads(self) -> dict[str, ReplicaLoad]:
         return {replica_id: self.state.ledger.load(replica_id) for replica_id in self.state.replicas}
+
+    def _unready_reason(self) -> str | None:
+        if self.coordinator is not None and self.coordinator.status().refusing:
+            return RejectReason.COORDINATION_UNAVAILABLE.value
+        return None
 
     async def start(self) -> None:
         self._session = create_session(self.config.server)
@@ -99,15 +124,7 @@ class Gateway:
         if self.config.autoscaler is not None:
             recommender = GatewayRecommender(self.metrics, self.config.autoscaler)
             self._tasks.append(asyncio.create_task(recommender.run(), name="kvgate-autoscaler"))
-        coordination = self.config.coordination
-        if coordination is not None:
-            self.coordinator = RedisCoordinator(
-                coordination.redis_url.get_secret_value(),
-                self._local_loads,
-                interval_s=coordination.interval_s,
-                lease_s=coordination.lease_s,
-                namespace=coordination.namespace,
-            )
+        if self.coordinator is not None:
             await self.coordinator.start()
             self.decider.foreign_loads = self.coordinator.foreign_loads
 
@@ -121,7 +138,6 @@ class Gateway:
         self.decider.cancel_all()
         if self.coordinator is not None:
             await self.coordinator.stop()
-            self.coordinator = None
         if self._client is not None:
             await self._client.close()
             self._client = None

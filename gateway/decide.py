@@ -31,7 +31,7 @@ from admission.controller import AdmissionController
 from admission.cost import InvalidRequest, capped_body, estimate_cost, requested_work
 from admission.counting import batch_of
 from admission.deadline import client_timeout_s
-from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject, RejectReason
+from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject
 from admission.ledger import NO_LOAD, Reservation
 from admission.promises import retry_count
 from admission.retry_after import ServiceRates
@@ -89,12 +89,16 @@ def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
     return None
 
 
+def _never_refused(now_s: float) -> Reject | None:
+    return None
+
+
 def _refusal_of(reject: Reject) -> Refusal:
     seconds = None if reject.retry_after is None else reject.retry_after.milliseconds / 1000.0
     error: GatewayError
     if reject.status == 400:
         error = BadRequest(reject.message, param=reject.param, reason=reject.reason.value)
-    elif reject.reason is RejectReason.NO_REPLICA:
+    elif reject.status == 503:
         error = ServiceUnavailable(reject.message, retry_after_s=seconds, reason=reject.reason.value)
     else:
         error = TooManyRequests(reject.message, retry_after_s=seconds, reason=reject.reason.value)
@@ -135,6 +139,8 @@ class KvgateDecider:
         self._views: dict[str, tuple[ReplicaState, ReplicaHealth, ReplicaView]] = {}
         """Per replica id: the view last built, with the state and health it was built from."""
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
+        self.coordination_refusal: Callable[[float], Reject | None] = _never_refused
+        """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
         self.session: aiohttp.ClientSession | None = None
         self._itl_s = self._config.default_inter_token_s
         self._pool_of_model = {
@@ -277,6 +283,10 @@ class KvgateDecider:
         pool = self.pool_of(request.model)
         if not self._config.enabled:
             return self._route_unadmitted(request, now_s)
+        blind = self.coordination_refusal(now_s)
+        if blind is not None:
+            self._metrics.count_decision("reject", blind.reason.value, pool=pool, model=request.model)
+            return _refusal_of(blind)
         decision = self.controller.decide(admission, self.views(now_s), now_s)
         if isinstance(decision, Reject):
             self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=request.model)
@@ -367,6 +377,8 @@ class KvgateDecider:
         if not self._waiting:
             return
         now_s = self._clock()
+        if self.coordination_refusal(now_s) is not None:
+            return
         for dispatch in self.controller.on_capacity_freed(self.views(now_s), now_s):
             self._dispatch(dispatch, now_s)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
+from admission.coordination import CoordinationStatus
 from gateway.signals import (
     Clock,
     CountWindow,
@@ -94,6 +95,13 @@ COUNTERS = (
     "kvgate_prompt_tokens_total",
     "kvgate_output_tokens_total",
 )
+COORDINATION_SERIES = (
+    "kvgate_coordination_up",
+    "kvgate_coordination_last_sync_age_seconds",
+    "kvgate_coordination_errors_total",
+)
+"""Exported only when Redis coordination is configured (``bind_coordination``)."""
+COORDINATION_ERROR_KINDS = ("connection", "authentication", "timeout", "response", "bad_value", "internal")
 
 
 class _WorkCollector(Collector):
@@ -304,6 +312,32 @@ class _Counter(Collector):
         return [counter]
 
 
+class _CoordinationCollector(Collector):
+    """The coordination gauges, read from the coordinator at scrape time so they never lag."""
+
+    def __init__(self, status: Callable[[], CoordinationStatus]) -> None:
+        self._status = status
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        status = self._status()
+        up = GaugeMetricFamily(
+            "kvgate_coordination_up",
+            "1 while the gateway sees the other gateways' loads through Redis (last sync good and "
+            "within the lease), 0 otherwise.",
+            value=1.0 if status.up else 0.0,
+        )
+        age = GaugeMetricFamily(
+            "kvgate_coordination_last_sync_age_seconds",
+            "Seconds since the gateway's last good sync with Redis (absent before the first).",
+        )
+        if status.last_sync_age_s is not None:
+            age.add_metric([], status.last_sync_age_s)
+        return [up, age]
+
+
 @dataclass(frozen=True, slots=True)
 class _Series:
     """Every labelled child and window one (pool, model) pair's events touch, looked up once."""
@@ -406,6 +440,14 @@ class GatewayMetrics:
             ["pool"],
             registry=r,
         )
+        self._coordination_errors = _Counter(
+            "kvgate_coordination_errors",
+            "Redis coordination failures by kind: connection, authentication, timeout, response (a "
+            "Redis error reply), bad_value (an entry of another gateway skipped as unreadable), internal.",
+            ["kind"],
+            registry=r,
+        )
+        self._coordination_collector: _CoordinationCollector | None = None
         self._decided: dict[tuple[str, str, str, str], _Decisions] = {}
         self._series: dict[tuple[str, str], _Series] = {}
         self._clock = clock
@@ -547,6 +589,18 @@ class GatewayMetrics:
         if actual_tokens > 0:
             ratio = self._tokenizer_ratio
             ratio.observe(ratio.labels(model), estimated_tokens / actual_tokens)
+
+    def bind_coordination(self, status: Callable[[], CoordinationStatus]) -> None:
+        """Export the coordination gauges, asking ``status`` at every scrape; the error kinds start at 0."""
+        if self._coordination_collector is None:
+            self._coordination_collector = _CoordinationCollector(status)
+            self.registry.register(self._coordination_collector)
+            for kind in COORDINATION_ERROR_KINDS:
+                self._coordination_errors.labels(kind)
+
+    def count_coordination_errors(self, kind: str, count: int = 1) -> None:
+        """``kind`` is one of ``COORDINATION_ERROR_KINDS``."""
+        self._coordination_errors.labels(kind).inc(count)
 
     def set_desired_replicas(self, pool: str, replicas: int, reason: str) -> None:
         self.signals.set_desired(pool, replicas, reason)
