@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -597,6 +598,40 @@ def test_dockerfile_builds_a_slim_non_root_kvgate_image() -> None:
     for pattern in packages["include"]:
         package = pattern.rstrip("*")
         assert package in copied and package in allowed, package
+
+
+_OFFLINE_TOKENISER = """
+import socket
+
+def refuse(*args, **kwargs):
+    raise OSError("network used")
+
+socket.socket.connect = refuse
+socket.getaddrinfo = refuse
+from admission.counting import tokenizer_for
+from config.schema import TiktokenTokenizer
+print(tokenizer_for(TiktokenTokenizer()).count("kvgate counts tokens"))
+"""
+
+
+def test_the_image_environment_loads_the_tokeniser_offline_and_writes_nothing(tmp_path: Path) -> None:
+    """The default tokeniser under the image's ENV (its /tmp moved to an empty folder): sockets
+    refuse, and not one file appears, so a read-only root with nothing fetched is enough."""
+    env_text = " ".join(v for k, v in _dockerfile_instructions() if k == "ENV")
+    image_env = dict(item.split("=", 1) for item in shlex.split(env_text))
+    env = {k: v.replace("/tmp", str(tmp_path)) for k, v in image_env.items() if k != "PATH"}
+    env |= {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", _OFFLINE_TOKENISER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 0
+    assert list(tmp_path.rglob("*")) == []
 
 
 def _hadolint() -> str:
