@@ -608,6 +608,8 @@ def refuse(*args, **kwargs):
 
 socket.socket.connect = refuse
 socket.getaddrinfo = refuse
+import gateway.cli
+import gateway.server
 from admission.counting import tokenizer_for
 from config.schema import TiktokenTokenizer
 print(tokenizer_for(TiktokenTokenizer()).count("kvgate counts tokens"))
@@ -615,8 +617,9 @@ print(tokenizer_for(TiktokenTokenizer()).count("kvgate counts tokens"))
 
 
 def test_the_image_environment_loads_the_tokeniser_offline_and_writes_nothing(tmp_path: Path) -> None:
-    """The default tokeniser under the image's ENV (its /tmp moved to an empty folder): sockets
-    refuse, and not one file appears, so a read-only root with nothing fetched is enough."""
+    """The CLI and the server imported and the default tokeniser loaded under the image's ENV (its
+    /tmp moved to an empty folder): sockets refuse, and not one file appears, so a read-only root
+    with nothing fetched is enough."""
     env_text = " ".join(v for k, v in _dockerfile_instructions() if k == "ENV")
     image_env = dict(item.split("=", 1) for item in shlex.split(env_text))
     env = {k: v.replace("/tmp", str(tmp_path)) for k, v in image_env.items() if k != "PATH"}
