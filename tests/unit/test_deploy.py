@@ -475,8 +475,10 @@ def test_kvgate_loop_gateways_coordinate_through_the_redis_it_deploys() -> None:
     assert configs
     for config in configs:
         assert config.coordination is not None
-        match = re.fullmatch(r"redis://([a-z0-9-]+):(\d+)/\d+", config.coordination.redis_url)
-        assert match, config.coordination.redis_url
+        match = re.fullmatch(
+            r"redis://([a-z0-9-]+):(\d+)/\d+", config.coordination.redis_url.get_secret_value()
+        )
+        assert match, "redis_url is redis://<service>:<port>/<db>"
         assert int(match.group(2)) in {p["port"] for p in services[match.group(1)]["spec"]["ports"]}
     assert any(c["image"].startswith("redis:") for _, c in containers(docs))
 
