@@ -13,8 +13,9 @@ Counting off the loop is bounded, because an 8 MB prompt costs seconds of CPU: a
 each), the rest wait their turn, and a waiter whose client leaves is cancelled and stops waiting at
 once. A worker counts in an ``EncodeJob``: when the awaiting request is cancelled (its client left)
 the job stops before its next run, and it stops by itself once the count reaches the model's
-``max_model_len`` (the request then gets the over-context 400 from ``admission.cost``), or before
-counting at all when the text's lower bound already does. A turn is given back when the worker
+``max_model_len`` (the request then gets the over-context 400 from ``admission.cost``, whose count
+is then the count reached, a lower bound), or before counting at all when the text's lower bound
+already does. A turn is given back when the worker
 really stops, not when its client leaves, so the bound holds for CPU, not just for requests.
 ``running``, ``waiting`` and ``tokens_counted`` show that work to operators and tests.
 """
