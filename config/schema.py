@@ -226,9 +226,9 @@ class Model(Section):
         default=2,
         gt=0,
         description=(
-            "Prompts of this model counted at once off the event loop (bodies over 32 KiB, or any "
-            "body with tokenizer kind replica); more wait their turn, and one whose client leaves "
-            "stops waiting. Each counts on one CPU core. Default 2. Example: 4"
+            "Large prompts (bodies over 32 KiB) of this model counted at once, each in a worker "
+            "thread on one CPU core (or by a replica's /tokenize for tokenizer kind replica); more "
+            "wait their turn, and one whose client leaves stops waiting. Default 2. Example: 4"
         ),
     )
     kv_bytes_per_token: int | None = Field(

@@ -8,15 +8,15 @@ prompt (a system prompt, a retried or replayed request) costs one dictionary loo
 tokenisation. The ids handed out are shared between requests and never mutated. Kind ``replica``
 asks a replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
 
-Counting off the loop is bounded, because an 8 MB prompt costs seconds of CPU: at most the model's
-``tokenize_concurrency`` prompts are counted at once (a worker thread or a replica's /tokenize
-each), the rest wait their turn, and a waiter whose client leaves is cancelled and stops waiting at
-once. A worker counts in an ``EncodeJob``: when the awaiting request is cancelled (its client left)
-the job stops before its next run, and it stops by itself once the count reaches the model's
-``max_model_len`` (the request then gets the over-context 400 from ``admission.cost``, whose count
-is then the count reached, a lower bound), or before counting at all when the text's lower bound
-already does. A turn is given back when the worker
-really stops, not when its client leaves, so the bound holds for CPU, not just for requests.
+Counting a large prompt is bounded, because an 8 MB prompt costs seconds of CPU: at most the
+model's ``tokenize_concurrency`` prompts over ``OFF_LOOP_TEXT_BYTES`` are counted at once (a worker
+thread or a replica's /tokenize each), the rest wait their turn, and a waiter whose client leaves is
+cancelled and stops waiting at once. A worker counts in an ``EncodeJob``: when the awaiting request
+is cancelled (its client left) the job stops before its next run, and it stops by itself once the
+count reaches the model's ``max_model_len`` (the request then gets the over-context 400 from
+``admission.cost``, whose count is then the count reached, a lower bound), or before counting at all
+when the text's lower bound already does. A turn is given back when the worker really stops, not
+when its client leaves, so the bound holds for CPU, not just for requests.
 ``running``, ``waiting`` and ``tokens_counted`` show that work to operators and tests.
 """
 
@@ -95,6 +95,8 @@ class PromptEncoder:
         if ids is not None:
             return ids
         tokenizer, template = self._local[model]
+        if tokenizer is None and raw_size_bytes <= OFF_LOOP_TEXT_BYTES:
+            return await _replica_tokens(session, url, model, body)
         turns = self._turns[model]
         self.waiting += 1
         try:
