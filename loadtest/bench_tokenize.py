@@ -1,12 +1,23 @@
-"""Benchmark: counting a huge prompt on the event loop stalls every other request; off the loop it does not.
+"""Benchmark: what counting huge prompts costs, on the event loop and in CPU seconds.
 
-A ticker coroutine sleeps 1 ms at a time and records how late each wake-up is (the event-loop lag
-any other request would see). Meanwhile a 1 MB prompt is counted four ways: not at all (baseline),
-directly on the loop, in the default thread pool (``asyncio.to_thread``), and in a dedicated
-single-thread executor (``run_in_executor``). tiktoken's encoder runs in Rust and releases the GIL,
-so off-loop counting leaves the loop free; the bytes estimate is shown for contrast.
+Stall: a ticker coroutine sleeps 1 ms at a time and records how late each wake-up is (the event-loop
+lag any other request would see). Meanwhile a 1 MB prompt is counted four ways: not at all
+(baseline), directly on the loop, in the default thread pool (``asyncio.to_thread``), and in a
+dedicated single-thread executor (``run_in_executor``). tiktoken's encoder runs in Rust and releases
+the GIL, so off-loop counting leaves the loop free; the bytes estimate is shown for contrast.
 
-Run: ``python -m loadtest.bench_tokenize [--size-mb 1] [--repeat 3] [--loop asyncio|uvloop]``.
+Abuse: the real gateway in front of the simulator, in this process, gets hostile prompts of
+``--abuse-mb`` MB (10^6 bytes, under the default 8 MiB body limit): 4 at once over the model's
+context (which end in a 400 whatever their exact count), then 6 at once from clients that give up
+after 0.5 s (the model's window made large enough to fit them, so only their leaving can save the
+work). Each runs with a prompt of words (cuttable into exact runs) and one of a single letter (one
+BPE piece, as a hostile client would send). It prints the process's CPU seconds from the first
+request until the work has settled: the tokenisation the gateway did for nothing. It uses only the
+gateway's public seams, so the same file measures an older checkout
+(``cd old && PYTHONPATH=$PWD python /path/to/bench_tokenize.py --scenario abuse``).
+
+Run: ``python -m loadtest.bench_tokenize [--scenario all|stall|abuse] [--size-mb 1] [--repeat 3]
+[--loop asyncio|uvloop] [--abuse-mb 8]``.
 """
 
 from __future__ import annotations
@@ -17,9 +28,15 @@ import concurrent.futures
 import random
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import httpx
 
 from admission.tokenizer import BytesEstimateTokenizer, TiktokenTokenizer, Tokenizer
+from config.loader import parse_config
+from gateway.server import running_gateway
+from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 
 _TEXT = (
     "the cache is the constraint and it is not a constant admission control beats autoscaling "
@@ -110,26 +127,108 @@ def _report(label: str, rows: list[tuple[str, int, float, list[float]]]) -> None
         )
 
 
+_WINDOW_TOKENS = 131072
+_FITS_ANY_TOKENS = 1 << 26
+_GIVE_UP_S = 0.5
+_SETTLED_CPU_S = 0.05
+"""Work has settled when the process burns less than this much CPU in half a second."""
+
+
+async def _settled_cpu_s(start_cpu_s: float) -> float:
+    """Process CPU seconds (every thread) since ``start_cpu_s``, once the rate has dropped to idle."""
+    previous = time.process_time()
+    while True:
+        await asyncio.sleep(0.5)
+        now = time.process_time()
+        if now - previous < _SETTLED_CPU_S:
+            return now - start_cpu_s
+        previous = now
+
+
+async def _abuse(prompt: str, clients: int, window_tokens: int, timeout_s: float) -> tuple[str, float, float]:
+    """Send ``clients`` copies of ``prompt`` at once; the outcomes, wall and CPU seconds spent."""
+    model = {"name": DEFAULT_MODEL, "max_model_len": window_tokens, "kv_bytes_per_token": 131072}
+    async with SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet:
+        config = parse_config(
+            {
+                "server": {"port": 0},
+                "models": [model],
+                "pools": [{"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": 450000}],
+            },
+            {},
+        )
+        async with (
+            running_gateway(config) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=timeout_s) as http,
+        ):
+            body = {"model": DEFAULT_MODEL, "prompt": prompt, "max_tokens": 4}
+
+            async def one() -> str:
+                try:
+                    return str((await http.post("/v1/completions", json=body)).status_code)
+                except httpx.TimeoutException:
+                    return "gave up"
+
+            start_wall_s, start_cpu_s = time.perf_counter(), time.process_time()
+            outcomes = await asyncio.gather(*(one() for _ in range(clients)))
+            cpu_s = await _settled_cpu_s(start_cpu_s)
+            wall_s = time.perf_counter() - start_wall_s
+    summary = ", ".join(f"{outcomes.count(o)} x {o}" for o in sorted(set(outcomes)))
+    return summary, wall_s, cpu_s
+
+
+async def _abuse_scenarios(size_bytes: int) -> list[tuple[str, str, str, float, float]]:
+    words = make_prompt(size_bytes).encode("ascii", "ignore")[:size_bytes].decode()
+    letters = "x" * size_bytes
+    rows = []
+    for scenario, clients, window_tokens, timeout_s in (
+        ("4 over the context", 4, _WINDOW_TOKENS, 600.0),
+        (f"6 give up after {_GIVE_UP_S:g} s", 6, _FITS_ANY_TOKENS, _GIVE_UP_S),
+    ):
+        for kind, prompt in (("words", words), ("one letter", letters)):
+            summary, wall_s, cpu_s = await _abuse(prompt, clients, window_tokens, timeout_s)
+            rows.append((scenario, kind, summary, wall_s, cpu_s))
+    return rows
+
+
+def _report_abuse(size_bytes: int, rows: list[tuple[str, str, str, float, float]]) -> None:
+    print(f"\nabuse: prompts of {size_bytes / 1e6:g} MB through the gateway (CPU of every thread)")
+    print(f"{'scenario':<24} {'prompt':<11} {'outcomes':<22} {'wall s':>7} {'CPU s':>7}")
+    for scenario, kind, summary, wall_s, cpu_s in rows:
+        print(f"{scenario:<24} {kind:<11} {summary:<22} {wall_s:>7.1f} {cpu_s:>7.1f}")
+
+
+def _run(loop: str, work: Coroutine[Any, Any, Any]) -> Any:
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(work)
+    return asyncio.run(work)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--size-mb", type=float, default=1.0, help="prompt size (MiB)")
-    parser.add_argument("--repeat", type=int, default=3, help="runs per mode")
+    parser.add_argument("--scenario", choices=("all", "stall", "abuse"), default="all")
+    parser.add_argument("--size-mb", type=float, default=1.0, help="stall: prompt size (MiB)")
+    parser.add_argument("--repeat", type=int, default=3, help="stall: runs per mode")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop")
+    parser.add_argument("--abuse-mb", type=float, default=8.0, help="abuse: prompt size (MB, 10^6 bytes)")
     args = parser.parse_args()
-    prompt = make_prompt(int(args.size_mb * 1024 * 1024))
-    print(
-        f"prompt: {len(prompt.encode()) / 1024 / 1024:.2f} MiB, {len(prompt)} characters; loop: {args.loop}"
-    )
-    tokenizers: list[Tokenizer] = [TiktokenTokenizer.from_name(), BytesEstimateTokenizer(4.0)]
-    for tokenizer in tokenizers:
-        tokenizer.count("warm up")
-        if args.loop == "uvloop":
-            import uvloop
-
-            rows = uvloop.run(_scenarios(tokenizer, prompt, args.repeat))
-        else:
-            rows = asyncio.run(_scenarios(tokenizer, prompt, args.repeat))
-        _report(f"tokenizer: {tokenizer.name}", rows)
+    if args.scenario in ("all", "stall"):
+        prompt = make_prompt(int(args.size_mb * 1024 * 1024))
+        print(
+            f"prompt: {len(prompt.encode()) / 1024 / 1024:.2f} MiB, {len(prompt)} characters; "
+            f"loop: {args.loop}"
+        )
+        tokenizers: list[Tokenizer] = [TiktokenTokenizer.from_name(), BytesEstimateTokenizer(4.0)]
+        for tokenizer in tokenizers:
+            tokenizer.count("warm up")
+            _report(
+                f"tokenizer: {tokenizer.name}", _run(args.loop, _scenarios(tokenizer, prompt, args.repeat))
+            )
+    if args.scenario in ("all", "abuse"):
+        size_bytes = int(args.abuse_mb * 1e6)
+        _report_abuse(size_bytes, _run(args.loop, _abuse_scenarios(size_bytes)))
 
 
 if __name__ == "__main__":
