@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import resource
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -13,6 +14,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from gateway.http_protocol import RESERVED_DESCRIPTORS, connection_cap, raise_descriptor_limit
 from gateway.server import RunningGateway, running_gateway
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
@@ -259,3 +261,24 @@ async def test_a_client_that_stops_reading_its_stream_is_cut_and_its_request_can
             assert engine.stats.request_success["abort"] == 1, "cancelled upstream"
             await close_all([(reader, writer)])
             await assert_idle(gw)
+
+
+def test_the_connection_cap_leaves_descriptors_for_upstream_connections() -> None:
+    spare = 1024 - RESERVED_DESCRIPTORS
+    assert connection_cap(10000, 8192, 1 << 20) == 10000, "room for both: the configured cap"
+    assert connection_cap(10000, 8192, 1024) == spare // 2, "at least half of what is left"
+    assert connection_cap(10000, 100, 1024) == spare - 100, "all but a small upstream pool"
+    assert connection_cap(300, 100, 1024) == 300
+    assert connection_cap(10000, 8192, 10) >= 1
+
+
+def test_the_descriptor_soft_limit_is_raised_to_the_hard_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowered = min(soft, 512)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowered, hard))
+    try:
+        raised = raise_descriptor_limit()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == raised
+        assert raised == hard or hard == resource.RLIM_INFINITY
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
