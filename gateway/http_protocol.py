@@ -14,6 +14,8 @@ untrusted clients needs, enforced where the bytes arrive, before any request rea
   is full) for ``send_timeout_s``, the connection is aborted; the application sees
   ``http.disconnect`` and the proxy cancels the request upstream. A replica that is slow to answer
   never pauses writing, so a stream slow to start is not cut.
+- **Malformed requests:** a request httptools cannot parse is an OpenAI-shaped 400, not logged (a
+  client could flood the log).
 - **Connection cap:** beyond ``max_connections`` a new connection closes the longest-idle one (no
   request begun on it: NGINX's reusable connections); with none idle it gets a 503 and is closed.
   The cap is lowered at start to fit the descriptor limit, whose soft value is raised to the hard.
@@ -38,7 +40,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from config.schema import Server
-from gateway.errors import GatewayError, ServiceUnavailable
+from gateway.errors import BadRequest, GatewayError, ServiceUnavailable
 
 logger = logging.getLogger("kvgate.edge")
 
@@ -231,7 +233,8 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def _feed(self, data: bytes) -> None:
         """uvicorn's ``data_received``, but the keep-alive timer stops when a request begins (not
-        on any byte), and a refusal raised by a callback is not a parse error."""
+        on any byte), a refusal raised by a callback is not a parse error, and a parse error is
+        an OpenAI-shaped 400 (uvicorn's is plain text)."""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -240,11 +243,8 @@ class EdgeProtocol(HttpToolsProtocol):
             else:
                 self._unsupported_upgrade_warning()
         except httptools.HttpParserError:
-            if self._phase == _REFUSED:
-                return
-            message = "Invalid HTTP request received."
-            self.logger.warning(message)
-            self.send_400_response(message)
+            if self._phase != _REFUSED:
+                self._refuse(BadRequest("Invalid HTTP request received."))
 
     def on_message_begin(self) -> None:
         self._phase = _HEADERS

@@ -193,6 +193,16 @@ async def test_more_headers_than_the_limit_get_431(fleet: SimFleet) -> None:
         await assert_idle(gw)
 
 
+async def test_a_request_that_is_not_http_gets_an_openai_shaped_400(fleet: SimFleet) -> None:
+    async with running_gateway(edge_config(fleet)) as gw:
+        reader, writer = await connect(gw)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nbad header line\r\n\r\n")
+        assert_openai_error(*await read_response(reader), 400)
+        assert await rest_until_closed(reader) == b""
+        await close_all([(reader, writer)])
+        await assert_idle(gw)
+
+
 async def test_at_the_connection_cap_a_new_connection_closes_the_longest_idle_one(fleet: SimFleet) -> None:
     async with running_gateway(edge_config(fleet, max_connections=8, header_timeout_s=60)) as gw:
         oldest = [await connect(gw) for _ in range(3)]
