@@ -234,14 +234,13 @@ class EdgeProtocol(HttpToolsProtocol):
     def _feed(self, data: bytes) -> None:
         """uvicorn's ``data_received``, but the keep-alive timer stops when a request begins (not
         on any byte), a refusal raised by a callback is not a parse error, and a parse error is
-        an OpenAI-shaped 400 (uvicorn's is plain text)."""
+        an OpenAI-shaped 400 (uvicorn's is plain text). The server runs without WebSockets
+        (``ws="none"``): an Upgrade is ignored, as a server may, without uvicorn's two warnings per
+        request (a client could flood the log with them)."""
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            if self._should_upgrade():
-                self.handle_websocket_upgrade()
-            else:
-                self._unsupported_upgrade_warning()
+            pass
         except httptools.HttpParserError:
             if self._phase != _REFUSED:
                 self._refuse(BadRequest("Invalid HTTP request received."))
@@ -334,7 +333,9 @@ class EdgeProtocol(HttpToolsProtocol):
         return True
 
     def _refuse(self, error: GatewayError) -> None:
-        """Answer ``error`` in place of the request being read, stop reading and linger."""
+        """Answer ``error`` in place of the request being read, stop reading and linger. A request
+        already answered (a 413 before its body) gets no second answer: the connection closes."""
+        reading_body = self._phase == _BODY
         self._phase = _REFUSED
         self.idle.pop(self, None)
         if self._timer is not None:
@@ -347,6 +348,9 @@ class EdgeProtocol(HttpToolsProtocol):
                 return
             cycle.disconnected = True
             cycle.message_event.set()
+        elif cycle is not None and reading_body:
+            self.transport.close()
+            return
         self._write_refusal(error)
         self.flow.pause_reading()
         if self.transport.can_write_eof():

@@ -45,6 +45,7 @@ def uvicorn_config(gateway: Gateway, host: str, port: int, log_level: str = "war
         port=port,
         loop="uvloop",
         http=edge_protocol(gateway.config.server),
+        ws="none",
         lifespan="on",
         log_level=log_level,
         access_log=False,

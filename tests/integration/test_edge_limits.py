@@ -81,10 +81,12 @@ async def rest_until_closed(reader: asyncio.StreamReader) -> bytes:
     return bytes(received)
 
 
-def assert_openai_error(status: int, headers: dict[str, str], body: bytes, expected: int) -> None:
+def assert_openai_error(
+    status: int, headers: dict[str, str], body: bytes, expected: int, *, closes: bool = True
+) -> None:
     assert status == expected, body
     assert headers["content-type"] == "application/json"
-    assert headers["connection"] == "close"
+    assert (headers.get("connection") == "close") == closes
     error = orjson.loads(body)["error"]
     assert error["code"] == expected and error["message"] and error["type"]
 
@@ -134,6 +136,21 @@ async def test_a_body_that_stops_coming_gets_408_and_never_reaches_a_replica(fle
         await close_all([(reader, writer)])
         assert all(not any(r.engine.stats.request_success.values()) for r in fleet.replicas)
         assert await eventually(lambda: gw.client_connections == 0)
+        await assert_idle(gw)
+
+
+async def test_a_request_answered_before_its_body_arrived_gets_no_second_answer(fleet: SimFleet) -> None:
+    """The 413 for a declared length over the limit goes out at once; when the client then stalls,
+    the body timeout closes the connection without writing a 408 after that 413."""
+    config = edge_config(fleet, body_timeout_s=0.5, max_body_bytes=1000)
+    async with running_gateway(config) as gw:
+        reader, writer = await connect(gw)
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nhost: kvgate\r\ncontent-length: 5000\r\n\r\n" + b"x" * 100
+        )
+        assert_openai_error(*await read_response(reader), 413, closes=False)
+        assert await rest_until_closed(reader) == b""
+        await close_all([(reader, writer)])
         await assert_idle(gw)
 
 
