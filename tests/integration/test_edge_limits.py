@@ -127,6 +127,21 @@ async def test_headers_trickled_slower_than_the_header_timeout_get_408(fleet: Si
         await assert_idle(gw)
 
 
+async def test_a_later_request_on_a_kept_alive_connection_has_the_header_timeout_too(
+    fleet: SimFleet,
+) -> None:
+    async with running_gateway(edge_config(fleet, header_timeout_s=0.5)) as gw:
+        reader, writer = await connect(gw)
+        writer.write(request(SMALL_REQUEST))
+        status, _, _ = await read_response(reader)
+        assert status == 200
+        writer.write(PARTIAL_HEAD)
+        assert_openai_error(*await read_response(reader), 408)
+        assert await rest_until_closed(reader) == b""
+        await close_all([(reader, writer)])
+        await assert_idle(gw)
+
+
 async def test_a_body_that_stops_coming_gets_408_and_never_reaches_a_replica(fleet: SimFleet) -> None:
     async with running_gateway(edge_config(fleet, body_timeout_s=0.5)) as gw:
         reader, writer = await connect(gw)
@@ -309,3 +324,29 @@ def test_the_descriptor_soft_limit_is_raised_to_the_hard_limit() -> None:
         assert raised == hard or hard == resource.RLIM_INFINITY
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_stream_slower_than_the_send_timeout_is_not_cut_while_its_client_reads() -> None:
+    """The send timeout counts only while the client refuses bytes, not while the replica is
+    silent: a stream whose every gap is longer than the timeout arrives whole."""
+    async with SimFleet(replicas=1, time_scale=30.0, seed=0) as sim:
+        config = gateway_config(sim.urls, server={"port": 0, "send_timeout_s": 0.1})
+        async with running_gateway(config) as gw:
+            reader, writer = await connect(gw)
+            loop = asyncio.get_running_loop()
+            writer.write(request({**SMALL_REQUEST, "max_tokens": 6, "ignore_eos": True, "stream": True}))
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND_S)
+            assert head.startswith(b"HTTP/1.1 200 ")
+            received = bytearray()
+            gaps_s = []
+            last_s = loop.time()
+            while not received.endswith(b"0\r\n\r\n"):
+                chunk = await asyncio.wait_for(reader.read(1 << 16), BOUND_S)
+                assert chunk, "the gateway closed the stream"
+                gaps_s.append(loop.time() - last_s)
+                last_s = loop.time()
+                received += chunk
+            assert b"data: [DONE]" in received
+            assert max(gaps_s) > 0.1, "the replica was silent for longer than the send timeout"
+            await close_all([(reader, writer)])
+            await assert_idle(gw)
