@@ -78,6 +78,61 @@ class Server(Section):
             "instead of racing the server's close. Default 75. Example: 120"
         ),
     )
+    header_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds a client has to send a request's whole header section, counted from the first "
+            "byte of the request (from the connection's opening for its first request); then a 408 and "
+            "the connection is closed. A new connection that sends nothing in that time is closed "
+            "without an answer. As NGINX client_header_timeout. Default 60. Example: 10"
+        ),
+    )
+    body_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds allowed between two reads of a request body (not for the whole body); then a 408 "
+            "and the connection is closed. As NGINX client_body_timeout. Default 60. Example: 20"
+        ),
+    )
+    send_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds a client may refuse the bytes of a response (its connection's send buffers stay "
+            "full); then the connection is closed and the request cancelled upstream. A stream slow to "
+            "start or between tokens is not counted: only a client that stops reading. As NGINX "
+            "send_timeout. Default 60. Example: 30"
+        ),
+    )
+    max_connections: int = Field(
+        default=10000,
+        gt=0,
+        description=(
+            "Most open client connections. At the cap a new connection closes the longest-idle one "
+            "(no request on it), or when none is idle gets a 503 with Retry-After. Lowered at start to "
+            "fit the process's descriptor limit with room for upstream connections. Default 10000. "
+            "Example: 4096"
+        ),
+    )
+    max_header_bytes: int = Field(
+        default=65536,
+        gt=0,
+        description=(
+            "Largest request line and header section together, in bytes as received; larger is a 431 "
+            "and the rest is never read. Envoy's max_request_headers_kb is 60 KiB, NGINX's "
+            "large_client_header_buffers 4 x 8 KiB. Default 65536. Example: 32768"
+        ),
+    )
+    max_headers: int = Field(
+        default=100,
+        gt=0,
+        description=(
+            "Most header fields in one request; more is a 431. As Envoy max_headers_count. "
+            "Default 100. Example: 64"
+        ),
+    )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts, in seconds.")
     admin_token: SecretStr | None = Field(
         default=None,

@@ -1,5 +1,6 @@
-"""Run the gateway under uvicorn (uvloop, httptools): in the foreground, or as an async context
-manager on a port-0 socket for tests and for ``kvgate up``."""
+"""Run the gateway under uvicorn (uvloop, httptools with the client-side limits of
+``gateway.http_protocol``): in the foreground, or as an async context manager on a port-0 socket
+for tests and for ``kvgate up``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import uvicorn
 
 from config.schema import GatewayConfig
 from gateway.app import Gateway
+from gateway.http_protocol import edge_protocol
 from gateway.state import GatewayState
 
 
@@ -20,6 +22,7 @@ from gateway.state import GatewayState
 class RunningGateway:
     url: str
     gateway: Gateway
+    server: uvicorn.Server
     serving: asyncio.Task[None]
     """Done when the server stops (on exit of the context, or on SIGINT/SIGTERM)."""
 
@@ -27,14 +30,22 @@ class RunningGateway:
     def state(self) -> GatewayState:
         return self.gateway.state
 
+    @property
+    def client_connections(self) -> int:
+        """Client connections open now, those being refused or closed included."""
+        return len(self.server.server_state.connections)
+
 
 def uvicorn_config(gateway: Gateway, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
+    """uvicorn with the gateway's client-side limits (``gateway.http_protocol``); raises the
+    process's descriptor limit to fit them."""
     return uvicorn.Config(
         gateway,
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=edge_protocol(gateway.config.server),
+        ws="none",
         lifespan="on",
         log_level=log_level,
         access_log=False,
@@ -70,7 +81,7 @@ async def running_gateway(config: GatewayConfig, port: int = 0) -> AsyncIterator
             await asyncio.sleep(0.01)
         host, bound_port = sock.getsockname()[:2]
         host = f"[{host}]" if ":" in host else host
-        yield RunningGateway(url=f"http://{host}:{bound_port}", gateway=gateway, serving=task)
+        yield RunningGateway(url=f"http://{host}:{bound_port}", gateway=gateway, server=server, serving=task)
     finally:
         server.should_exit = True
         await task

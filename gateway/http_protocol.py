@@ -1,0 +1,363 @@
+"""The client side of the HTTP edge: uvicorn's httptools protocol with the limits a server facing
+untrusted clients needs, enforced where the bytes arrive, before any request reaches the gateway.
+
+- **Header timeout:** a request's line and headers must all arrive within ``header_timeout_s`` of its
+  first byte (of the connection's opening, for its first request), else 408. A new connection that
+  sends nothing in that time is closed without an answer (there is no request to answer).
+- **Body timeout:** at most ``body_timeout_s`` between two reads of a request body, else 408; the
+  application sees ``http.disconnect``. Time while reading is paused on the server's side (the
+  application has not taken the body yet, a pipelined request waits) does not count.
+- **Header size and count:** raw bytes received before the header section is complete are counted,
+  and the parser is never fed more than ``max_header_bytes`` of them, so a huge header is never
+  buffered; more than ``max_headers`` fields stops the parser. Both are a 431.
+- **Send timeout:** while the transport has paused writing (the client refuses bytes and every buffer
+  is full) for ``send_timeout_s``, the connection is aborted; the application sees
+  ``http.disconnect`` and the proxy cancels the request upstream. A replica that is slow to answer
+  never pauses writing, so a stream slow to start is not cut.
+- **Malformed requests:** a request httptools cannot parse is an OpenAI-shaped 400, not logged (a
+  client could flood the log).
+- **Connection cap:** beyond ``max_connections`` a new connection closes the longest-idle one (no
+  request begun on it: NGINX's reusable connections); with none idle it gets a 503 and is closed.
+  The cap is lowered at start to fit the descriptor limit, whose soft value is raised to the hard.
+
+Nothing here runs per response chunk: timers are armed per connection, per request only when its
+headers or body span reads, and per flow-control pause. After a 408 or 431 the connection stops
+reading, half-closes and lingers ``LINGER_S`` before it is dropped, so the client reads the answer
+instead of a reset caused by the bytes it is still sending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httptools
+from uvicorn.config import Config
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.server import ServerState
+
+from config.schema import Server
+from gateway.errors import BadRequest, GatewayError, ServiceUnavailable
+
+logger = logging.getLogger("kvgate.edge")
+
+LINGER_S = 2.0
+"""Seconds a refused connection stays half-open (not reading) so its client can read the answer."""
+RESERVED_DESCRIPTORS = 128
+"""Descriptors kept out of the connection cap: listeners, Redis, DNS, health probes, files."""
+REFUSED_RETRY_AFTER_S = 1.0
+
+_IDLE = 0
+_HEADERS = 1
+_BODY = 2
+_REFUSED = 3
+
+
+class RequestTimeout(GatewayError):
+    status = 408
+    error_type = "RequestTimeoutError"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    error_type = "RequestHeaderFieldsTooLargeError"
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop the parser once the request has been refused."""
+
+
+@dataclass(frozen=True, slots=True)
+class EdgeLimits:
+    header_timeout_s: float
+    body_timeout_s: float
+    send_timeout_s: float
+    max_connections: int
+    max_header_bytes: int
+    max_headers: int
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:
+            logger.warning("cannot raise the descriptor limit from %d to %d: %s", soft, hard, exc)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 30
+
+
+def connection_cap(max_connections: int, upstream_connections: int, descriptors: int) -> int:
+    """Most client connections that fit in ``descriptors`` beside the upstream pool.
+
+    Each client connection needs at most one upstream connection at a time, so client connections
+    get at least half of what the reserve leaves, and all of it but the upstream pool's when that
+    is smaller."""
+    spare = max(descriptors - RESERVED_DESCRIPTORS, 2)
+    return max(1, min(max_connections, max(spare // 2, spare - upstream_connections)))
+
+
+def edge_protocol(server: Server) -> type[EdgeProtocol]:
+    """The protocol class for one uvicorn server: its limits and its own registry of idle
+    connections. Raises the descriptor limit and fits the connection cap under it."""
+    descriptors = raise_descriptor_limit()
+    cap = connection_cap(server.max_connections, server.upstream_connections, descriptors)
+    if cap < server.max_connections:
+        logger.warning(
+            "client connections capped at %d (server.max_connections %d) to fit %d descriptors",
+            cap,
+            server.max_connections,
+            descriptors,
+        )
+    limits = EdgeLimits(
+        header_timeout_s=server.header_timeout_s,
+        body_timeout_s=server.body_timeout_s,
+        send_timeout_s=server.send_timeout_s,
+        max_connections=cap,
+        max_header_bytes=server.max_header_bytes,
+        max_headers=server.max_headers,
+    )
+
+    class BoundEdgeProtocol(EdgeProtocol):
+        pass
+
+    BoundEdgeProtocol.limits = limits
+    BoundEdgeProtocol.idle = {}
+    return BoundEdgeProtocol
+
+
+def _rendered(error: GatewayError) -> tuple[bytes, bytes]:
+    """Status line and headers (without the closing blank line), and body, of a refusal."""
+    body = error.body()
+    head = [STATUS_LINE[error.status]]
+    for name, value in [*error.headers(), (b"content-length", str(len(body)).encode())]:
+        head.append(name + b": " + value + b"\r\n")
+    head.append(b"connection: close\r\n")
+    return b"".join(head), body
+
+
+class EdgeProtocol(HttpToolsProtocol):
+    __slots__ = (
+        "_body_read_at",
+        "_header_room",
+        "_linger",
+        "_max_header_bytes",
+        "_max_headers",
+        "_phase",
+        "_send_timer",
+        "_timer",
+    )
+    """In slots, so that the instance dict holds only uvicorn's 28 attributes: CPython 3.11 shares an
+    instance dict's keys (the fast path of every attribute read in uvicorn's per-request code) up to
+    30 of them. The two limits read per request are here too: a slot reads faster than a class
+    attribute."""
+
+    limits: ClassVar[EdgeLimits]
+    idle: ClassVar[dict[EdgeProtocol, None]]
+    """Connections with no request begun on them, longest idle first."""
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)
+        self._phase = _IDLE
+        self._max_headers = self.limits.max_headers
+        self._max_header_bytes = self._header_room = self.limits.max_header_bytes
+        self._body_read_at = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        """The header or the body timer: one phase at a time."""
+        self._send_timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limits = self.limits
+        if len(self.connections) > limits.max_connections and not self._evict_idle():
+            error = ServiceUnavailable(
+                f"the gateway is at its limit of {limits.max_connections} client connections",
+                retry_after_s=REFUSED_RETRY_AFTER_S,
+            )
+            self._phase = _REFUSED
+            self._write_refusal(error)
+            transport.close()
+            return
+        self._timer = self.loop.call_later(limits.header_timeout_s, self._on_header_timeout)
+        self.idle[self] = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._phase = _REFUSED
+        self.idle.pop(self, None)
+        for timer in (self._timer, self._send_timer, self._linger):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._send_timer = self._linger = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        phase = self._phase
+        if phase == _BODY:
+            self._body_read_at = self.loop.time()
+        elif phase == _REFUSED:
+            return
+        else:
+            while self._phase < _BODY and len(data) > self._header_room:
+                room = self._header_room
+                self._header_room = 0
+                if room:
+                    self._feed(data[:room])
+                    data = data[room:]
+                if self._phase == _REFUSED or self.transport.is_closing():
+                    return
+                if self._phase < _BODY and self._header_room == 0:
+                    limit = self._max_header_bytes
+                    self._refuse(HeadersTooLarge(f"request line and headers exceed {limit} bytes"))
+                    return
+            if self._phase < _BODY:
+                self._header_room -= len(data)
+        self._feed(data)
+        if self._timer is None:
+            if self._phase == _HEADERS:
+                self._timer = self.loop.call_later(self.limits.header_timeout_s, self._on_header_timeout)
+            elif self._phase == _BODY:
+                self._body_read_at = self.loop.time()
+                self._timer = self.loop.call_later(self.limits.body_timeout_s, self._on_body_timeout)
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's ``data_received``, but the keep-alive timer stops when a request begins (not
+        on any byte), a refusal raised by a callback is not a parse error, and a parse error is
+        an OpenAI-shaped 400 (uvicorn's is plain text). The server runs without WebSockets
+        (``ws="none"``): an Upgrade is ignored, as a server may, without uvicorn's two warnings per
+        request (a client could flood the log with them)."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass
+        except httptools.HttpParserError:
+            if self._phase != _REFUSED:
+                self._refuse(BadRequest("Invalid HTTP request received."))
+
+    def on_message_begin(self) -> None:
+        self._phase = _HEADERS
+        self.idle.pop(self, None)
+        self._unset_keepalive_if_required()
+        super().on_message_begin()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        """uvicorn's, inlined (it runs per header of every request), with the count limit."""
+        headers = self.headers
+        if len(headers) >= self._max_headers:
+            self._refuse(HeadersTooLarge(f"more than {self._max_headers} request headers"))
+            raise _Refused
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._phase = _BODY
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._phase = _IDLE
+        self._header_room = self._max_header_bytes
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.timeout_keep_alive_task is not None and self._phase == _IDLE:
+            self.idle[self] = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._send_timer is None:
+            self._send_timer = self.loop.call_later(self.limits.send_timeout_s, self._on_send_timeout)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def _on_header_timeout(self) -> None:
+        self._timer = None
+        if self._phase == _HEADERS:
+            timeout_s = self.limits.header_timeout_s
+            self._refuse(RequestTimeout(f"request headers not received within {timeout_s:g} s"))
+        elif self._phase == _IDLE:
+            self._phase = _REFUSED
+            self.idle.pop(self, None)
+            self.transport.close()
+
+    def _on_body_timeout(self) -> None:
+        timeout_s = self.limits.body_timeout_s
+        if self.flow.read_paused:
+            self._timer = self.loop.call_later(timeout_s, self._on_body_timeout)
+            return
+        left_s = self._body_read_at + timeout_s - self.loop.time()
+        if left_s > 0:
+            self._timer = self.loop.call_later(left_s, self._on_body_timeout)
+            return
+        self._timer = None
+        self._refuse(RequestTimeout(f"no request body received for {timeout_s:g} s"))
+
+    def _on_send_timeout(self) -> None:
+        self._send_timer = None
+        self.transport.abort()
+
+    def _evict_idle(self) -> bool:
+        """Close the longest-idle connection to make room; False when none is idle."""
+        victim = next(iter(self.idle), None)
+        if victim is None:
+            return False
+        del self.idle[victim]
+        victim._phase = _REFUSED
+        if victim._timer is not None:
+            victim._timer.cancel()
+            victim._timer = None
+        victim.transport.close()
+        return True
+
+    def _refuse(self, error: GatewayError) -> None:
+        """Answer ``error`` in place of the request being read, stop reading and linger. A request
+        already answered (a 413 before its body) gets no second answer: the connection closes."""
+        reading_body = self._phase == _BODY
+        self._phase = _REFUSED
+        self.idle.pop(self, None)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            if cycle.response_started:
+                self.transport.abort()
+                return
+            cycle.disconnected = True
+            cycle.message_event.set()
+        elif cycle is not None and reading_body:
+            self.transport.close()
+            return
+        self._write_refusal(error)
+        self.flow.pause_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self._linger = self.loop.call_later(LINGER_S, self.transport.abort)
+
+    def _write_refusal(self, error: GatewayError) -> None:
+        head, body = _rendered(error)
+        defaults = [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        self.transport.write(b"".join([head, *defaults, b"\r\n", body]))
