@@ -8,7 +8,9 @@
     ├── ModelNotFound       404       "The model `X` does not exist." (vLLM's wording)
     ├── NotFound            404       no such route
     ├── MethodNotAllowed    405
+    ├── RequestTimeout      408       request headers or body not received in time (the edge)
     ├── PayloadTooLarge     413
+    ├── HeadersTooLarge     431       request line and headers over the byte or count limit (the edge)
     ├── TooManyRequests     429       admission turned it away (with Retry-After and retry-after-ms)
     ├── InternalError       500       a bug in the gateway; never a traceback to the client
     ├── BadGateway          502       replica refused, reset or answered 5xx
@@ -103,9 +105,19 @@ class MethodNotAllowed(GatewayError):
     error_type = "MethodNotAllowedError"
 
 
+class RequestTimeout(GatewayError):
+    status = 408
+    error_type = "RequestTimeoutError"
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
     error_type = "PayloadTooLargeError"
+
+
+class HeadersTooLarge(GatewayError):
+    status = 431
+    error_type = "RequestHeaderFieldsTooLargeError"
 
 
 class TooManyRequests(GatewayError):

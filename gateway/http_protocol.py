@@ -40,7 +40,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from config.schema import Server
-from gateway.errors import BadRequest, GatewayError, ServiceUnavailable
+from gateway.errors import BadRequest, GatewayError, HeadersTooLarge, RequestTimeout, ServiceUnavailable
 
 logger = logging.getLogger("kvgate.edge")
 
@@ -54,16 +54,6 @@ _IDLE = 0
 _HEADERS = 1
 _BODY = 2
 _REFUSED = 3
-
-
-class RequestTimeout(GatewayError):
-    status = 408
-    error_type = "RequestTimeoutError"
-
-
-class HeadersTooLarge(GatewayError):
-    status = 431
-    error_type = "RequestHeaderFieldsTooLargeError"
 
 
 class _Refused(Exception):
