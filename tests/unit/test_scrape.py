@@ -34,6 +34,19 @@ vllm:cache_config_info{{{LABELS},block_size="16",cache_dtype="auto",num_gpu_bloc
 """
 
 
+VLLM_0_11_CACHE_CONFIG = (
+    'vllm:cache_config_info{block_size="16",cache_dtype="auto",calculate_kv_scales="False",'
+    'cpu_kvcache_space_bytes="None",cpu_offload_gb="0.0",enable_prefix_caching="True",engine="0",'
+    'gpu_memory_utilization="0.65",is_attention_free="False",kv_cache_memory_bytes="None",'
+    'kv_sharing_fast_prefill="False",mamba_cache_dtype="auto",mamba_page_size_padded="None",'
+    'mamba_ssm_cache_dtype="auto",num_cpu_blocks="None",num_gpu_blocks="9271",'
+    'num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",'
+    'swap_space="0.0",swap_space_bytes="0.0"} 1.0'
+)
+"""A vLLM 0.11 replica's line, as quoted in vllm-project/vllm#28924: every ``CacheConfig`` field as a
+label, ``engine`` among them, no ``model_name``, and ``None`` for fields never set."""
+
+
 def engine_page(engine: int, running: int, waiting: int, usage: float, blocks: int | None) -> str:
     labels = f'engine="{engine}",model_name="m"'
     lines = [
@@ -187,3 +200,11 @@ def test_any_text_parses_to_a_value_or_none_without_raising(parts: list[str]) ->
         assert scraped.kv_cache_usage_ratio >= 0
         capacity = scraped_capacity_tokens(scraped)
         assert capacity is None or capacity > 0
+
+
+def test_a_vllm_0_11_cache_config_line_gives_blocks_times_block_size() -> None:
+    page = "\n".join(line for line in V1_PAGE.splitlines() if "cache_config_info{" not in line)
+    scraped = parse_vllm_metrics(page + "\n" + VLLM_0_11_CACHE_CONFIG + "\n", now_s=0.0)
+    assert scraped is not None
+    assert (scraped.num_gpu_blocks, scraped.block_size_tokens) == (9271, 16)
+    assert scraped_capacity_tokens(scraped) == 9271 * 16
