@@ -83,7 +83,10 @@ async def test_a_typed_capacity_that_disagrees_wins_and_is_warned_about_once_per
 ) -> None:
     caplog.set_level(logging.WARNING, logger="kvgate.scrape")
     typed = 6000
-    async with small_fleet() as fleet, running_gateway(config_for(fleet, {"kv_capacity_tokens": typed})) as gw:
+    async with (
+        small_fleet() as fleet,
+        running_gateway(config_for(fleet, {"kv_capacity_tokens": typed})) as gw,
+    ):
         replicas = list(gw.state.replicas.values())
         first_s = [r.scraped.scraped_at_s if r.scraped else 0.0 for r in replicas]
         assert await eventually(
@@ -103,6 +106,6 @@ async def test_a_typed_capacity_that_disagrees_wins_and_is_warned_about_once_per
         assert f"holds {typed}" in too_big.json()["error"]["message"], "the typed value is the one used"
         warnings = [r.getMessage() for r in caplog.records if r.name == "kvgate.scrape"]
         for replica in replicas:
-            assert sum(replica.url in w for w in warnings) == 1, warnings
+            assert sum(replica.name in w for w in warnings) == 1, warnings
         assert all(str(typed) in w and str(KV_CAPACITY_TOKENS) in w for w in warnings)
         await assert_idle(gw)

@@ -208,3 +208,29 @@ def test_a_vllm_0_11_cache_config_line_gives_blocks_times_block_size() -> None:
     assert scraped is not None
     assert (scraped.num_gpu_blocks, scraped.block_size_tokens) == (9271, 16)
     assert scraped_capacity_tokens(scraped) == 9271 * 16
+
+
+HYBRID_CACHE_CONFIG = (
+    'vllm:cache_config_info{block_size="4",cache_dtype="fp8_ds_mla",enable_prefix_caching="True",'
+    'engine="0",gpu_memory_utilization="0.85",kv_cache_size_tokens="1179770",num_gpu_blocks="20377",'
+    'sliding_window="128"} 1.0'
+)
+"""A hybrid-attention model's line on a vLLM with ``kv_cache_size_tokens`` (vllm-project/vllm#42206,
+labels as quoted in #51163): its blocks differ in size per KV group, so ``num_gpu_blocks x block_size``
+(81,508) is not its capacity; ``kv_cache_size_tokens`` is vLLM's own count."""
+
+
+def test_kv_cache_size_tokens_is_the_capacity_when_vllm_reports_it() -> None:
+    page = "\n".join(line for line in V1_PAGE.splitlines() if "cache_config_info{" not in line)
+    scraped = parse_vllm_metrics(page + "\n" + HYBRID_CACHE_CONFIG + "\n", now_s=0.0)
+    assert scraped_capacity_tokens(scraped) == 1_179_770
+    unset = HYBRID_CACHE_CONFIG.replace('kv_cache_size_tokens="1179770"', 'kv_cache_size_tokens="None"')
+    scraped = parse_vllm_metrics(page + "\n" + unset + "\n", now_s=0.0)
+    assert scraped_capacity_tokens(scraped) == 20377 * 4, "not set: blocks x block size"
+
+
+def test_each_engine_counts_its_own_kv_cache_size_tokens() -> None:
+    text = engine_page(0, 1, 0, 0.5, 100) + engine_page(1, 1, 0, 0.5, 100)
+    text = text.replace('num_gpu_blocks="100"', 'kv_cache_size_tokens="1500",num_gpu_blocks="100"', 1)
+    scraped = parse_vllm_metrics(text, now_s=0.0)
+    assert scraped_capacity_tokens(scraped) == 1500 + 100 * 16
