@@ -407,11 +407,24 @@ class Pool(Section):
     dns: DnsReplicas | None = Field(
         default=None, description="Discover replicas from a DNS name (headless Service)."
     )
-    kv_capacity_tokens: int = Field(
-        gt=0, description="KV cache capacity of one replica, in tokens. Example: 455000"
+    kv_capacity_tokens: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "KV cache capacity of one replica, in tokens. Default none: each replica's own, read from "
+            "its vllm:cache_config_info (kv_cache_size_tokens, or num_gpu_blocks x block_size) on its "
+            "first /metrics scrape; "
+            "until then it takes no requests. When given, it overrides what replicas report, and a "
+            "replica that reports another value is warned about. Example: 455000"
+        ),
     )
     max_sequences: int = Field(
-        default=256, gt=0, description="Most concurrent sequences per replica. Default 256."
+        default=256,
+        gt=0,
+        description=(
+            "Most concurrent sequences per replica (vLLM's --max-num-seqs, which its /metrics does not "
+            "report). Default 256. Example: 128"
+        ),
     )
     api_key: SecretStr | None = Field(
         default=None,

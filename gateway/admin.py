@@ -202,6 +202,9 @@ def replica_doc(replica: ReplicaState, now_s: float) -> dict[str, Any]:
         "healthy": replica.healthy,
         "in_flight": replica.in_flight,
         "kv_capacity_tokens": replica.kv_capacity_tokens,
+        "configured_kv_capacity_tokens": replica.configured_kv_capacity_tokens,
+        "discovered_kv_capacity_tokens": replica.discovered_kv_capacity_tokens,
+        "kv_capacity_disagrees": replica.capacity_disagrees,
         "scraped": None
         if scraped is None
         else {

@@ -153,7 +153,9 @@ class KvgateDecider:
         it changed since the last call (its load, health, scrape or TTFT); otherwise the view
         built then is handed out again (views are frozen, so sharing is safe). Health states are
         frozen too: while a replica's is the same object its view fields are the ones its view
-        holds, except an ejected replica's, which depend on the time (its back-off ends)."""
+        holds, except an ejected replica's, which depend on the time (its back-off ends). A replica
+        whose KV capacity is not known yet (``0``: none configured, none scraped) is not healthy in
+        its view: admission has nothing to weigh it against; a capacity change rebuilds the view."""
         foreign = self.foreign_loads()
         loads = self._state.ledger.loads
         states = self.health.states
@@ -171,12 +173,20 @@ class KvgateDecider:
                     load.reserved_kv_tokens + other.reserved_kv_tokens,
                 )
             health = states.get(replica_id, STARTING)
+            capacity = r.kv_capacity_tokens
             cached = cache.get(replica_id)
             old = cached[2] if cached is not None and cached[0] is r else None
-            if old is not None and cached is not None and cached[1] is health and health.state is not EJECTED:
+            if (
+                old is not None
+                and cached is not None
+                and cached[1] is health
+                and health.state is not EJECTED
+                and old.capacity_kv_tokens == capacity
+            ):
                 healthy, ready_since_s, backoff_until_s = old.healthy, old.ready_since_s, old.backoff_until_s
             else:
                 healthy, ready_since_s, backoff_until_s = health.view_fields(now_s)
+                healthy = healthy and capacity > 0
             if (
                 old is not None
                 and old.load is load
@@ -185,6 +195,7 @@ class KvgateDecider:
                 and old.backoff_until_s == backoff_until_s
                 and old.scraped is r.scraped
                 and old.ttft_ewma_s == r.ttft_ewma_s
+                and old.capacity_kv_tokens == capacity
             ):
                 views.append(old)
                 continue
@@ -194,7 +205,7 @@ class KvgateDecider:
                 r.pool,
                 r.role,
                 r.models,
-                r.kv_capacity_tokens,
+                capacity,
                 r.max_sequences,
                 healthy,
                 ready_since_s,

@@ -9,12 +9,21 @@ real vLLM page carries thousands of histogram lines the gateway never looks at. 
 engines on one replica (label ``engine``) are added up: requests and GPU blocks are summed, KV usage
 is the block-weighted mean. vLLM v1 names come first; ``vllm:gpu_cache_usage_perc`` (vLLM v0) is
 read when ``vllm:kv_cache_usage_perc`` is absent. A scrape carries the pool's ``api_key``.
+
+Each scrape also tells the replica's KV capacity (``vllm:cache_config_info``: per engine its
+``kv_cache_size_tokens`` label where vLLM reports one, as it does since vllm-project/vllm#42206 for
+hybrid-attention models whose capacity is not ``num_gpu_blocks x block_size``, otherwise that
+product; summed over engines), which ``ReplicaState.discover_capacity`` takes: it is the
+capacity in use when the pool configures none (the replica is not routable before), and a
+configured value that disagrees is warned about once per reported value. vLLM reports no
+scheduler settings on ``/metrics``, so ``max_num_seqs`` stays the pool's ``max_sequences``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import re
 import time
@@ -33,6 +42,7 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 CACHE_CONFIG = "vllm:cache_config_info"
 METRICS_PATH = "/metrics"
+log = logging.getLogger("kvgate.scrape")
 
 _SAMPLE_LINE = re.compile(
     r"\n(vllm:(?:kv_cache_usage_perc|gpu_cache_usage_perc|num_requests_running|num_requests_waiting"
@@ -70,14 +80,20 @@ def parse_vllm_metrics(text: str, now_s: float) -> ScrapedMetrics | None:
     if not (usage and running and waiting):
         return None
     blocks_by_engine: dict[str, int] = {}
+    tokens_by_engine: dict[str, int] = {}
     block_size_tokens: int | None = None
+    size_reported = False
     for sample in samples.get(CACHE_CONFIG, ()):
         labels = sample.label_values()
         blocks = _positive_int(labels.get("num_gpu_blocks"))
         size = _positive_int(labels.get("block_size"))
         if blocks is not None and size is not None:
-            blocks_by_engine[labels.get("engine", "")] = blocks
+            engine = labels.get("engine", "")
+            blocks_by_engine[engine] = blocks
             block_size_tokens = size
+            tokens = _positive_int(labels.get("kv_cache_size_tokens"))
+            size_reported = size_reported or tokens is not None
+            tokens_by_engine[engine] = tokens if tokens is not None else blocks * size
     num_gpu_blocks = sum(blocks_by_engine.values()) if blocks_by_engine else None
     return ScrapedMetrics(
         kv_cache_usage_ratio=_usage_ratio(usage, blocks_by_engine),
@@ -86,12 +102,18 @@ def parse_vllm_metrics(text: str, now_s: float) -> ScrapedMetrics | None:
         num_gpu_blocks=num_gpu_blocks,
         block_size_tokens=block_size_tokens if num_gpu_blocks is not None else None,
         scraped_at_s=now_s,
+        kv_cache_size_tokens=sum(tokens_by_engine.values()) if size_reported else None,
     )
 
 
 def scraped_capacity_tokens(scraped: ScrapedMetrics | None) -> int | None:
-    """The replica's true KV capacity (``num_gpu_blocks * block_size``), when its page told it."""
-    if scraped is None or scraped.num_gpu_blocks is None or scraped.block_size_tokens is None:
+    """The replica's true KV capacity, when its page told it: vLLM's ``kv_cache_size_tokens`` where
+    it reports one, otherwise ``num_gpu_blocks * block_size``."""
+    if scraped is None:
+        return None
+    if scraped.kv_cache_size_tokens is not None:
+        return scraped.kv_cache_size_tokens
+    if scraped.num_gpu_blocks is None or scraped.block_size_tokens is None:
         return None
     return scraped.num_gpu_blocks * scraped.block_size_tokens
 
@@ -153,3 +175,14 @@ class Scraper:
             scraped = parse_vllm_metrics(body.decode(), self._clock())
             if scraped is not None:
                 replica.scraped = scraped
+                if replica.discover_capacity(scraped_capacity_tokens(scraped)):
+                    log.warning(
+                        "replica %s (%s) of pool %s reports %d KV tokens (vllm:cache_config_info) but "
+                        "the pool configures kv_capacity_tokens %d, which stays in use; remove it to "
+                        "use each replica's own",
+                        replica.url,
+                        replica.name,
+                        replica.pool,
+                        replica.discovered_kv_capacity_tokens,
+                        replica.configured_kv_capacity_tokens,
+                    )

@@ -34,7 +34,14 @@ class ReplicaState:
     role: Role
     models: frozenset[str]
     kv_capacity_tokens: int
+    """The capacity admission and routing use: the configured override when the pool has one,
+    otherwise what the replica reported; 0 until known (the replica is not routable then)."""
     max_sequences: int
+    configured_kv_capacity_tokens: int | None = None
+    """The pool's ``kv_capacity_tokens``, an override of what the replica reports."""
+    discovered_kv_capacity_tokens: int | None = None
+    """The replica's own word (``scrape.scraped_capacity_tokens``), from its last ``/metrics`` that
+    had ``vllm:cache_config_info``."""
     name: str = ""
     """What clients may be told (``replica_name``); never the URL."""
     authorization: bytes | None = field(default=None, repr=False)
@@ -48,6 +55,24 @@ class ReplicaState:
     """The last scrape of the replica's own ``/metrics``; routing checks its age."""
     ttft_ewma_s: float | None = None
     """Smoothed time to first token of requests kvgate sent here."""
+
+    @property
+    def capacity_disagrees(self) -> bool:
+        """The configured capacity is not what the replica reports."""
+        configured = self.configured_kv_capacity_tokens
+        discovered = self.discovered_kv_capacity_tokens
+        return configured is not None and discovered is not None and configured != discovered
+
+    def discover_capacity(self, kv_capacity_tokens: int | None) -> bool:
+        """Take the replica's reported capacity (None: its page did not say; the last value stays).
+        It becomes the capacity in use unless the pool configures one. True when the report newly
+        disagrees with the configured value, so the caller warns once per value, not every scrape."""
+        if kv_capacity_tokens is None or kv_capacity_tokens == self.discovered_kv_capacity_tokens:
+            return False
+        self.discovered_kv_capacity_tokens = kv_capacity_tokens
+        if self.configured_kv_capacity_tokens is None:
+            self.kv_capacity_tokens = kv_capacity_tokens
+        return self.capacity_disagrees
 
 
 @dataclass(slots=True, eq=False)
@@ -133,8 +158,9 @@ class GatewayState:
                     pool=pool_name,
                     role=Role(pool.role),
                     models=self.pool_models(pool),
-                    kv_capacity_tokens=pool.kv_capacity_tokens,
+                    kv_capacity_tokens=pool.kv_capacity_tokens or 0,
                     max_sequences=pool.max_sequences,
+                    configured_kv_capacity_tokens=pool.kv_capacity_tokens,
                     name=replica_name(pool_name, url),
                     authorization=None
                     if pool.api_key is None

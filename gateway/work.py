@@ -58,14 +58,15 @@ class FleetWork:
                 row[3] += 1
                 row[4] += max(0, reservation.remaining_decode_tokens)
             view = views[replica.replica_id]
+            capacity = replica.kv_capacity_tokens
             scraped = replica.scraped
             fresh = scraped is not None and now_s - scraped.scraped_at_s <= self._scrape_stale_s
             ready = view.healthy and view.ready_since_s is not None and view.ready_since_s <= now_s
             replicas[replica.pool].append(
                 ReplicaWork(
                     replica=replica.replica_id,
-                    kv_capacity_tokens=replica.kv_capacity_tokens,
-                    kv_occupancy_estimate_ratio=view.load.reserved_kv_tokens / replica.kv_capacity_tokens,
+                    kv_capacity_tokens=capacity,
+                    kv_occupancy_estimate_ratio=view.load.reserved_kv_tokens / capacity if capacity else 0.0,
                     kv_occupancy_scraped_ratio=scraped.kv_cache_usage_ratio if fresh and scraped else None,
                     ready=ready,
                     warming=ready

@@ -30,6 +30,9 @@ class ScrapedMetrics:
     num_gpu_blocks: int | None
     block_size_tokens: int | None
     scraped_at_s: float
+    kv_cache_size_tokens: int | None = None
+    """vLLM's own count of the tokens its KV cache holds, where it reports one (a hybrid-attention
+    model's capacity is not ``num_gpu_blocks x block_size``); None when it does not."""
 
 
 @frozen_value

@@ -1,9 +1,10 @@
 """Renders one simulated engine as vLLM v1's ``/metrics`` page (Prometheus text format).
 
 Names, types and the ``model_name``/``engine`` labels follow vLLM v1's Prometheus logger, so the
-gateway's scraper and dashboards cannot tell the simulator from vLLM. The simulator's own health
-(how far its step loop ran behind schedule) and its role in disaggregated prefill/decode serving
-are exported next to them as ``kvgate_sim_*``.
+gateway's scraper and dashboards cannot tell the simulator from vLLM; ``vllm:cache_config_info``
+carries the label set of vLLM 0.11 (every ``CacheConfig`` field and ``engine``, no ``model_name``).
+The simulator's own health (how far its step loop ran behind schedule) and its role in disaggregated
+prefill/decode serving are exported next to them as ``kvgate_sim_*``.
 Rendered on demand by string building: a scrape costs nothing between scrapes.
 """
 
@@ -15,6 +16,36 @@ from loadtest.sim.stats import Histogram
 
 def _fmt(value: float) -> str:
     return repr(float(value))
+
+
+def _cache_config_info(engine: Engine, engine_index: int) -> str:
+    """vLLM's info gauge of its ``CacheConfig``: every field a label (values as ``str()`` gives them,
+    ``None`` included), plus ``engine``, and unlike the other gauges no ``model_name``."""
+    profile = engine.profile
+    fields = {
+        "block_size": str(profile.block_size_tokens),
+        "cache_dtype": "auto",
+        "calculate_kv_scales": "False",
+        "cpu_kvcache_space_bytes": "None",
+        "cpu_offload_gb": "0.0",
+        "enable_prefix_caching": "True",
+        "engine": str(engine_index),
+        "gpu_memory_utilization": "0.9",
+        "is_attention_free": "False",
+        "kv_cache_memory_bytes": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_cache_dtype": "auto",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "auto",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(profile.num_gpu_blocks),
+        "num_gpu_blocks_override": "None",
+        "prefix_caching_hash_algo": "sha256",
+        "sliding_window": "None",
+        "swap_space": "0.0",
+        "swap_space_bytes": "0.0",
+    }
+    return "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in fields.items()) + "} 1.0"
 
 
 def render_metrics(
@@ -75,13 +106,8 @@ def render_metrics(
         stats.queue_s,
         "Histogram of time spent in WAITING phase for request.",
     )
-    profile = engine.profile
     family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
-    lines.append(
-        f'vllm:cache_config_info{{{labels},block_size="{profile.block_size_tokens}",'
-        f'num_gpu_blocks="{profile.num_gpu_blocks}",enable_prefix_caching="True",'
-        f'cache_dtype="auto",gpu_memory_utilization="0.9"}} 1.0'
-    )
+    lines.append(_cache_config_info(engine, engine_index))
     family("kvgate_sim_role_info", "gauge", "The replica's role in disaggregated serving (label role).")
     lines.append(f'kvgate_sim_role_info{{{labels},role="{role}"}} 1.0')
     counter("kvgate_sim_lag_seconds", lag_s, "Simulated seconds the step loop started steps behind schedule.")

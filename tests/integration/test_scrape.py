@@ -67,3 +67,16 @@ async def test_scrape_sees_a_running_request_and_a_dead_replica_keeps_its_last_v
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         assert other.scraped is last
+
+
+async def test_a_scrape_gives_each_replica_of_an_untyped_pool_its_capacity() -> None:
+    async with (
+        SimFleet(replicas=2, time_scale=0.0, overrides={"kv_capacity_tokens": KV_CAPACITY_TOKENS}) as fleet,
+        aiohttp.ClientSession() as session,
+    ):
+        untyped = [{"name": "default", "replicas": fleet.urls}]
+        state = GatewayState.from_config(gateway_config(fleet.urls, pools=untyped))
+        assert [r.kv_capacity_tokens for r in state.replicas.values()] == [0, 0], "unknown until told"
+        await Scraper(state, session, interval_s=0.05).scrape_all()
+        assert [r.kv_capacity_tokens for r in state.replicas.values()] == [KV_CAPACITY_TOKENS] * 2
+        assert [r.discovered_kv_capacity_tokens for r in state.replicas.values()] == [KV_CAPACITY_TOKENS] * 2

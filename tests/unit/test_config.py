@@ -190,3 +190,9 @@ def test_every_field_is_documented() -> None:
         if name != "kind" and not field.description
     ]
     assert undocumented == []
+
+
+def test_kv_capacity_is_optional_and_an_override_when_given() -> None:
+    discovered = {**MINIMAL, "pools": [{"name": "p", "replicas": ["http://127.0.0.1:9100"]}]}
+    assert parse_config(discovered, {}).pools[0].kv_capacity_tokens is None
+    assert parse_config(MINIMAL, {}).pools[0].kv_capacity_tokens == 450000

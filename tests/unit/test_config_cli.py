@@ -27,3 +27,15 @@ def test_subcommands_are_registered() -> None:
     parser = build_parser()
     assert parser.parse_args(["up", "--replicas", "3", "--port", "9000"]).replicas == 3
     assert parser.parse_args(["serve", "--config", "x.yaml"]).config == "x.yaml"
+
+
+def test_check_accepts_a_pool_that_discovers_its_capacity(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "discovered.yaml"
+    config.write_text(
+        "models: [{name: m, max_model_len: 8192, kv_bytes_per_token: 131072}]\n"
+        "pools: [{name: p, replicas: ['http://127.0.0.1:9100']}]\n"
+    )
+    assert main(["config", "check", str(config)]) == 0
+    assert "ok (1 model(s), 1 pool(s), 1 static replica(s), 0 DNS pool(s))" in capsys.readouterr().out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from admission.cost import CostEstimate
 from config.loader import parse_config
 from gateway.decide import KvgateDecider
@@ -13,13 +15,12 @@ from routing.replica import ScrapedMetrics
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
 
 
-def decider() -> tuple[KvgateDecider, GatewayState]:
+def decider(kv_capacity_tokens: int | None = 10000) -> tuple[KvgateDecider, GatewayState]:
+    pool: dict[str, Any] = {"name": "p", "replicas": URLS}
+    if kv_capacity_tokens is not None:
+        pool["kv_capacity_tokens"] = kv_capacity_tokens
     config = parse_config(
-        {
-            "models": [{"name": "m", "max_model_len": 8192, "kv_bytes_per_token": 1}],
-            "pools": [{"name": "p", "replicas": URLS, "kv_capacity_tokens": 10000}],
-        },
-        {},
+        {"models": [{"name": "m", "max_model_len": 8192, "kv_bytes_per_token": 1}], "pools": [pool]}, {}
     )
     state = GatewayState.from_config(config)
     clock_s = 100.0
@@ -51,3 +52,33 @@ def test_unchanged_views_are_reused_and_each_change_rebuilds_only_its_replica() 
     assert [v.replica_id for v in d.views(100.0)] == URLS[:1]
     state.set_pool_urls("p", URLS)
     assert d.views(100.0)[1].scraped is None
+
+
+def test_a_replica_of_unknown_capacity_is_not_routable_until_it_tells_its_capacity() -> None:
+    d, state = decider(kv_capacity_tokens=None)
+    first = state.replicas[URLS[0]]
+    d.observe_outcome(first, Outcome.SUCCESS)
+    unknown = d.views(100.0)[0]
+    assert first.healthy and not unknown.healthy, "probed healthy, yet no capacity to admit against"
+    assert first.discover_capacity(4000) is False, "nothing configured to disagree with"
+    learned = d.views(100.0)[0]
+    assert learned.healthy and learned.capacity_kv_tokens == 4000
+    assert d.views(100.0)[0] is learned
+    first.discover_capacity(8000)
+    assert d.views(100.0)[0].capacity_kv_tokens == 8000, "a replica restarted with more KV is seen"
+    first.discover_capacity(None)
+    assert first.kv_capacity_tokens == 8000, "a page without cache_config_info forgets nothing"
+
+
+def test_a_configured_capacity_wins_and_each_new_disagreement_is_reported_once() -> None:
+    d, state = decider(kv_capacity_tokens=10000)
+    first = state.replicas[URLS[0]]
+    d.observe_outcome(first, Outcome.SUCCESS)
+    assert d.views(100.0)[0].capacity_kv_tokens == 10000, "routable on the configured value at once"
+    assert first.discover_capacity(10000) is False
+    assert not first.capacity_disagrees
+    assert [first.discover_capacity(4000) for _ in range(3)] == [True, False, False]
+    assert first.capacity_disagrees and first.discovered_kv_capacity_tokens == 4000
+    assert first.kv_capacity_tokens == 10000 and d.views(100.0)[0].capacity_kv_tokens == 10000
+    assert first.discover_capacity(5000) is True, "another value is another warning"
+    assert first.discover_capacity(10000) is False and not first.capacity_disagrees

@@ -34,6 +34,19 @@ vllm:cache_config_info{{{LABELS},block_size="16",cache_dtype="auto",num_gpu_bloc
 """
 
 
+VLLM_0_11_CACHE_CONFIG = (
+    'vllm:cache_config_info{block_size="16",cache_dtype="auto",calculate_kv_scales="False",'
+    'cpu_kvcache_space_bytes="None",cpu_offload_gb="0.0",enable_prefix_caching="True",engine="0",'
+    'gpu_memory_utilization="0.65",is_attention_free="False",kv_cache_memory_bytes="None",'
+    'kv_sharing_fast_prefill="False",mamba_cache_dtype="auto",mamba_page_size_padded="None",'
+    'mamba_ssm_cache_dtype="auto",num_cpu_blocks="None",num_gpu_blocks="9271",'
+    'num_gpu_blocks_override="None",prefix_caching_hash_algo="sha256",sliding_window="None",'
+    'swap_space="0.0",swap_space_bytes="0.0"} 1.0'
+)
+"""A vLLM 0.11 replica's line, as quoted in vllm-project/vllm#28924: every ``CacheConfig`` field as a
+label, ``engine`` among them, no ``model_name``, and ``None`` for fields never set."""
+
+
 def engine_page(engine: int, running: int, waiting: int, usage: float, blocks: int | None) -> str:
     labels = f'engine="{engine}",model_name="m"'
     lines = [
@@ -187,3 +200,37 @@ def test_any_text_parses_to_a_value_or_none_without_raising(parts: list[str]) ->
         assert scraped.kv_cache_usage_ratio >= 0
         capacity = scraped_capacity_tokens(scraped)
         assert capacity is None or capacity > 0
+
+
+def test_a_vllm_0_11_cache_config_line_gives_blocks_times_block_size() -> None:
+    page = "\n".join(line for line in V1_PAGE.splitlines() if "cache_config_info{" not in line)
+    scraped = parse_vllm_metrics(page + "\n" + VLLM_0_11_CACHE_CONFIG + "\n", now_s=0.0)
+    assert scraped is not None
+    assert (scraped.num_gpu_blocks, scraped.block_size_tokens) == (9271, 16)
+    assert scraped_capacity_tokens(scraped) == 9271 * 16
+
+
+HYBRID_CACHE_CONFIG = (
+    'vllm:cache_config_info{block_size="4",cache_dtype="fp8_ds_mla",enable_prefix_caching="True",'
+    'engine="0",gpu_memory_utilization="0.85",kv_cache_size_tokens="1179770",num_gpu_blocks="20377",'
+    'sliding_window="128"} 1.0'
+)
+"""A hybrid-attention model's line on a vLLM with ``kv_cache_size_tokens`` (vllm-project/vllm#42206,
+labels as quoted in #51163): its blocks differ in size per KV group, so ``num_gpu_blocks x block_size``
+(81,508) is not its capacity; ``kv_cache_size_tokens`` is vLLM's own count."""
+
+
+def test_kv_cache_size_tokens_is_the_capacity_when_vllm_reports_it() -> None:
+    page = "\n".join(line for line in V1_PAGE.splitlines() if "cache_config_info{" not in line)
+    scraped = parse_vllm_metrics(page + "\n" + HYBRID_CACHE_CONFIG + "\n", now_s=0.0)
+    assert scraped_capacity_tokens(scraped) == 1_179_770
+    unset = HYBRID_CACHE_CONFIG.replace('kv_cache_size_tokens="1179770"', 'kv_cache_size_tokens="None"')
+    scraped = parse_vllm_metrics(page + "\n" + unset + "\n", now_s=0.0)
+    assert scraped_capacity_tokens(scraped) == 20377 * 4, "not set: blocks x block size"
+
+
+def test_each_engine_counts_its_own_kv_cache_size_tokens() -> None:
+    text = engine_page(0, 1, 0, 0.5, 100) + engine_page(1, 1, 0, 0.5, 100)
+    text = text.replace('num_gpu_blocks="100"', 'kv_cache_size_tokens="1500",num_gpu_blocks="100"', 1)
+    scraped = parse_vllm_metrics(text, now_s=0.0)
+    assert scraped_capacity_tokens(scraped) == 1500 + 100 * 16

@@ -163,6 +163,33 @@ EXPECTED = {
 }
 
 
+VLLM_CACHE_CONFIG_LABELS = {
+    "block_size",
+    "cache_dtype",
+    "calculate_kv_scales",
+    "cpu_kvcache_space_bytes",
+    "cpu_offload_gb",
+    "enable_prefix_caching",
+    "engine",
+    "gpu_memory_utilization",
+    "is_attention_free",
+    "kv_cache_memory_bytes",
+    "kv_sharing_fast_prefill",
+    "mamba_cache_dtype",
+    "mamba_page_size_padded",
+    "mamba_ssm_cache_dtype",
+    "num_cpu_blocks",
+    "num_gpu_blocks",
+    "num_gpu_blocks_override",
+    "prefix_caching_hash_algo",
+    "sliding_window",
+    "swap_space",
+    "swap_space_bytes",
+}
+"""The labels of ``vllm:cache_config_info`` on a vLLM 0.11 replica (every ``CacheConfig`` field, plus
+``engine``, and no ``model_name``), as quoted in vllm-project/vllm#28924."""
+
+
 def test_metrics_page_parses_with_every_vllm_name_and_label() -> None:
     engine = Engine(resolve_profile(overrides={"kv_capacity_tokens": 1600}))
     engine.add_request("a", list(range(40)), 3, 0.0, ignore_eos=True)
@@ -175,11 +202,14 @@ def test_metrics_page_parses_with_every_vllm_name_and_label() -> None:
     for name, kind in EXPECTED.items():
         assert families[name].type == kind, name
         for sample in families[name].samples:
-            assert sample.labels["model_name"] == MODEL and sample.labels["engine"] == "0", sample
+            assert sample.labels["engine"] == "0", sample
+            if name != "vllm:cache_config_info":
+                assert sample.labels["model_name"] == MODEL, sample
     success = {s.labels["finished_reason"]: s.value for s in families["vllm:request_success"].samples}
     assert success == {"stop": 0.0, "length": 1.0, "abort": 0.0}
     info = families["vllm:cache_config_info"].samples[0].labels
     assert (info["block_size"], info["num_gpu_blocks"]) == ("16", "100")
+    assert set(info) == VLLM_CACHE_CONFIG_LABELS, "the label set of vLLM's own info gauge"
     ttft = {
         s.name: s.value for s in families["vllm:time_to_first_token_seconds"].samples if "le" not in s.labels
     }
