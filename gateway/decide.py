@@ -221,6 +221,10 @@ class KvgateDecider:
     def queued_requests(self) -> list[ProxyRequest]:
         return [request for request, _ in self._waiting.values()]
 
+    def routed_requests(self) -> list[ProxyRequest]:
+        """Requests holding a reservation, each on ``request.replica`` once the proxy sent it."""
+        return list(self._routed.values())
+
     def pool_of(self, model: str) -> str:
         return self._pool_of_model.get(model, "")
 

@@ -64,7 +64,9 @@ async def test_a_killed_replica_ends_its_streams_cleanly_others_go_elsewhere_and
             streams = [asyncio.create_task(stream(http, f"s{i}", events[i])) for i in range(6)]
             await asyncio.gather(*(e.wait() for e in events))
             on_dead = {
-                f"s{i}" for i in range(6) if (r := gw.state.ledger.get(f"s{i}")) and r.replica_id == dead
+                request.x_request_id
+                for request in gw.gateway.decider.routed_requests()
+                if request.replica is not None and request.replica.replica_id == dead
             }
             assert on_dead, "the least-load policy spreads six streams over both replicas"
             await fleet.kill(0)
