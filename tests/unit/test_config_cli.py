@@ -27,3 +27,21 @@ def test_subcommands_are_registered() -> None:
     parser = build_parser()
     assert parser.parse_args(["up", "--replicas", "3", "--port", "9000"]).replicas == 3
     assert parser.parse_args(["serve", "--config", "x.yaml"]).config == "x.yaml"
+
+
+def test_up_runs_the_autoscaler_unless_told_not_to() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["up"])
+    assert (args.autoscale, args.min_replicas, args.max_replicas, args.autoscale_interval_s) == (
+        True,
+        1,
+        8,
+        5.0,
+    )
+    assert parser.parse_args(["up", "--no-autoscale"]).autoscale is False
+
+
+def test_serve_flags_override_the_file_and_the_environment() -> None:
+    args = build_parser().parse_args(["serve", "--config", "x.yaml", "--host", "0.0.0.0", "--port", "9000"])
+    assert (args.host, args.port) == ("0.0.0.0", 9000)
+    assert build_parser().parse_args(["serve", "--config", "x.yaml"]).port is None
