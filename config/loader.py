@@ -4,9 +4,11 @@ Overrides name a path into the document with double underscores: ``KVGATE_SERVER
 ``server.port``, ``KVGATE_POOLS__0__KV_CAPACITY_TOKENS=200000`` sets a field of the first pool.
 Each value is parsed as YAML, so ``KVGATE_POOLS__0__REPLICAS='[http://a:8000]'`` gives a list.
 Variables without a double underscore (``KVGATE_REQUIRE_REDIS``) are not overrides. Validation
-reports every bad key at once, each with its value and the unit its name implies, except secrets:
-the value of a secret field (every ``SecretStr`` of the schema), anywhere inside a reported value,
-shows as ``**********``, and the value of an unknown key (perhaps a misspelt secret) is not shown.
+reports every bad key at once, each with its value and the unit its name implies (one line when
+there is one problem: a file that cannot be read, or YAML that does not parse, with its line and
+column), except secrets: the value of a secret field (every ``SecretStr`` of the schema), anywhere
+inside a reported value, shows as ``**********``, and the value of an unknown key (perhaps a
+misspelt secret) is not shown.
 pydantic's own error text, which quotes inputs, is never chained to the error raised.
 """
 
@@ -71,7 +73,8 @@ class ConfigProblem:
     def __str__(self) -> str:
         unit = f" (unit: {self.unit})" if self.unit else ""
         got = "" if self.value is NOT_SHOWN else f"; got {self.value!r}"
-        return f"{self.key or '<root>'}: {self.message}{unit}{got}"
+        where = f"{self.key}: " if self.key else ""
+        return f"{where}{self.message}{unit}{got}"
 
 
 class ConfigError(ValueError):
@@ -80,8 +83,11 @@ class ConfigError(ValueError):
     def __init__(self, source: str, problems: list[ConfigProblem]) -> None:
         self.source = source
         self.problems = problems
-        lines = "\n".join(f"  - {p}" for p in problems)
-        super().__init__(f"invalid config {source}: {len(problems)} problem(s)\n{lines}")
+        if len(problems) == 1:
+            super().__init__(f"invalid config {source}: {problems[0]}")
+        else:
+            lines = "\n".join(f"  - {p}" for p in problems)
+            super().__init__(f"invalid config {source}: {len(problems)} problems\n{lines}")
 
 
 def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> GatewayConfig:
@@ -93,9 +99,12 @@ def load_config(path: str | Path | None = None, environ: Mapping[str, str] | Non
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
         except OSError as exc:
-            raise ConfigError(source, [ConfigProblem("", str(path), f"cannot read: {exc}", None)]) from None
+            reason = exc.strerror or str(exc)
+            raise ConfigError(
+                source, [ConfigProblem("", NOT_SHOWN, f"cannot read: {reason}", None)]
+            ) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(source, [ConfigProblem("", str(path), _yaml_problem(exc), None)]) from None
+            raise ConfigError(source, [ConfigProblem("", NOT_SHOWN, _yaml_problem(exc), None)]) from None
     if not isinstance(data, dict):
         raise ConfigError(source, [ConfigProblem("", NOT_SHOWN, "top level must be a mapping", None)])
     return parse_config(data, os.environ if environ is None else environ, source)
@@ -168,7 +177,7 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
     """Where and why the YAML does not parse, without the snippet of the line (it may hold a secret)."""
     if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
-        return f"not valid YAML: {exc.problem} at line {mark.line + 1}, column {mark.column + 1}"
+        return f"not valid YAML at line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
     return "not valid YAML"
 
 

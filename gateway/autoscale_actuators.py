@@ -3,8 +3,8 @@
 Three behind one protocol. ``LogActuator`` only prints (a dry run, and the default). ``SimActuator``
 resizes a simulated fleet through the simulator's control API (``POST /replicas`` adds one that
 cold-starts, ``DELETE /replicas/{id}`` drains then removes one), newest replicas first, so the
-closed loop exercises real cold starts; given the gateway's URL it also sets the pool's replica set
-there (``PUT /admin/pools/{pool}/replicas``), ordered so no request is sent to a replica that is
+closed loop exercises real cold starts; given the gateways' URLs it also sets the pool's replica set
+on each (``PUT /admin/pools/{pool}/replicas``), ordered so no request is sent to a replica that is
 gone: on the way out the replica exists before the gateway learns of it (and stays cold there until
 its health check passes), on the way in the gateway forgets it before it drains.
 ``KubernetesActuator`` patches a Deployment's scale subresource with the official client; the
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TextIO
 
 import aiohttp
@@ -44,7 +44,8 @@ class LogActuator:
 
 
 class SimActuator:
-    """One simulated fleet per pool, each reached at its control URL; optionally the gateway in front."""
+    """One simulated fleet per pool, each reached at its control URL; optionally the gateways in front
+    (``gateway_url`` for one, ``gateway_urls`` for several)."""
 
     def __init__(
         self,
@@ -53,11 +54,13 @@ class SimActuator:
         cold_start_s: float | None = None,
         gateway_url: str | None = None,
         admin_token: str | None = None,
+        gateway_urls: Sequence[str] = (),
     ) -> None:
         self._session = session
         self._control_urls = {pool: url.rstrip("/") for pool, url in control_urls.items()}
         self._cold_start_s = cold_start_s
-        self._gateway_url = None if gateway_url is None else gateway_url.rstrip("/")
+        urls = [gateway_url] if gateway_url is not None else []
+        self._gateway_urls = [url.rstrip("/") for url in [*urls, *gateway_urls]]
         self._admin_headers = {} if admin_token is None else {"Authorization": f"Bearer {admin_token}"}
 
     async def live(self, pool: str) -> list[dict[str, Any]]:
@@ -90,10 +93,11 @@ class SimActuator:
             await self.tell_gateway(pool, [r["url"] for r in live])
 
     async def tell_gateway(self, pool: str, urls: list[str]) -> None:
-        """Make ``urls`` the gateway's replica set for ``pool`` (idempotent; nothing without a gateway)."""
-        if self._gateway_url is None:
-            return
-        url = f"{self._gateway_url}/admin/pools/{pool}/replicas"
+        """Make ``urls`` every gateway's replica set for ``pool`` (idempotent; nothing without gateways)."""
+        await asyncio.gather(*(self._tell(gateway, pool, urls) for gateway in self._gateway_urls))
+
+    async def _tell(self, gateway: str, pool: str, urls: list[str]) -> None:
+        url = f"{gateway}/admin/pools/{pool}/replicas"
         async with self._session.put(url, json={"urls": urls}, headers=self._admin_headers) as response:
             response.raise_for_status()
 

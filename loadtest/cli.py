@@ -1,8 +1,10 @@
 """``kvgate loadtest``: play a workload against a target (or compare several) and write a report.
 
 ``register`` adds the subcommand to the ``kvgate`` parser; each handler returns the exit status:
-0 when the run finished, 1 when it could not start (bad workload, target unreachable), 2 when
-``--fail-below-goodput`` was given and goodput fell short of it.
+0 when the run finished, 1 when it could not start (bad workload, target unreachable: one line,
+``kvgate loadtest: error: ...``), 2 when ``--fail-below-goodput`` was given and goodput fell short
+of it. ``--rate`` (open loop) and ``--concurrency`` (closed loop) exclude each other; a workload
+file may set either, and the flag given replaces it.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from gateway.command import CommandError, http_url
 from loadtest.client import RetryPolicy
 from loadtest.compare import ratio_lines, ratios, run_compare, summaries_for
 from loadtest.report import Slo, summarize, summary_table, write_report
@@ -36,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     _add_common(parser)
     parser.add_argument("--target", help="base URL, e.g. http://127.0.0.1:8080 (a trailing /v1 is fine)")
-    parser.set_defaults(run=main_run, targets=None)
+    parser.set_defaults(run=main_run, targets=None, prog=parser.prog)
     commands = parser.add_subparsers(dest="loadtest_command")
     compare = commands.add_parser(
         "compare",
@@ -61,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="send every target the same prompt texts (default: own texts per target, same lengths and "
         "times, so targets sharing replicas do not hit each other's prefix cache)",
     )
-    compare.set_defaults(run=main_compare)
+    compare.set_defaults(run=main_compare, prog=compare.prog)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -69,8 +72,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         "--workload", default="chat", help=f"preset ({', '.join(PRESETS)}) or YAML file (default chat)"
     )
     parser.add_argument("--duration", type=float, dest="duration_s", help="seconds of arrivals")
-    parser.add_argument("--rate", type=float, dest="rate_rps", help="open loop: requests/s (base rate)")
-    parser.add_argument("--concurrency", type=int, help="closed loop: requests in flight")
+    loop = parser.add_mutually_exclusive_group()
+    loop.add_argument("--rate", type=float, dest="rate_rps", help="open loop: requests/s (base rate)")
+    loop.add_argument("--concurrency", type=int, help="closed loop: requests in flight (not with --rate)")
     parser.add_argument("--requests", type=int, dest="max_requests", help="cap on the trace's requests")
     parser.add_argument("--seed", type=int, default=0, help="fixes the trace (default 0)")
     parser.add_argument(
@@ -111,15 +115,14 @@ def _prepare(args: argparse.Namespace) -> tuple[Workload, Trace, RunOptions, Slo
 
 def main_run(args: argparse.Namespace) -> int:
     if not args.target:
-        print("kvgate loadtest: --target URL is required", file=sys.stderr)
-        return 1
+        raise CommandError("--target URL is required", status=1)
+    url = _http_url(args.target, "--target")
     try:
         _, trace, options, slo = _prepare(args)
-        target = Target(name=urlsplit(args.target).netloc or args.target, url=args.target, model=args.model)
+        target = Target(name=urlsplit(url).netloc, url=url, model=args.model)
         result = run_async(run(target, trace, options))
     except (ValueError, OSError, aiohttp.ClientError) as exc:
-        print(f"kvgate loadtest: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(_one_line(exc), status=1) from None
     paths = write_report(args.out, trace, [result], slo)
     summary = summarize(result, slo)
     print(summary_table([summary]))
@@ -140,8 +143,7 @@ def main_compare(args: argparse.Namespace) -> int:
         summaries = summaries_for(results, slo)
         table = ratios(summaries, baseline)
     except (ValueError, OSError, aiohttp.ClientError) as exc:
-        print(f"kvgate loadtest compare: {exc}", file=sys.stderr)
-        return 1
+        raise CommandError(_one_line(exc), status=1) from None
     paths = write_report(args.out, trace, results, slo, ratios=table, baseline=baseline)
     print(summary_table(summaries))
     for summary in summaries:
@@ -165,8 +167,23 @@ def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
 def _parse_target(spec: str, model: str | None) -> Target:
     name, sep, url = spec.partition("=")
     if not sep or not name or not url:
-        raise ValueError(f"--target wants NAME=URL, got {spec!r}")
-    return Target(name=name, url=url, model=model)
+        raise CommandError(f"--target wants NAME=URL, got {spec!r}", status=1)
+    return Target(name=name, url=_http_url(url, "--target"), model=model)
+
+
+def _http_url(url: str, flag: str) -> str:
+    try:
+        return http_url(url, flag)
+    except CommandError as exc:
+        raise CommandError(str(exc), status=1) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """An exception as one line: the first line of its text, or its type when it has none."""
+    if isinstance(exc, OSError) and not isinstance(exc, aiohttp.ClientError) and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _exit_status(args: argparse.Namespace, goodput_ratios: list[float]) -> int:

@@ -2,7 +2,8 @@
 
 Replica ``i`` listens on ``--port + i`` once its cold start has passed; the control API (see
 ``loadtest.sim.fleet``) listens on ``--control-port`` (default ``--port + 100``). Profile numbers
-can be overridden from the command line; a bad value is reported and exits with status 2.
+can be overridden from the command line; a bad value is one line, ``kvgate sim: error: ...``, and
+exit status 2. ``--time-scale`` multiplies every simulated duration (as ``kvgate up``'s does).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import argparse
 import asyncio
 import contextlib
 import signal
-import sys
 from typing import Any
 
+from gateway.command import CommandError, report
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from loadtest.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
 from loadtest.sim.replica import SimReplica
@@ -38,7 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
     parser.add_argument(
-        "--time-scale", type=float, default=1.0, help="multiplies every simulated duration (default 1)"
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="multiplies every simulated duration (default 1; 0.1: ten times faster; 0: no sleeping)",
     )
     parser.add_argument("--kv-capacity-tokens", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
@@ -63,22 +67,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Serve simulated vLLM replicas (OpenAI API, vLLM /metrics) on consecutive ports.",
     )
     add_arguments(parser)
-    parser.set_defaults(run=run)
+    parser.set_defaults(run=run, prog=parser.prog)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted; 0 on Ctrl-C, 2 on a bad argument."""
+    """Serve until interrupted; 0 on Ctrl-C or SIGTERM; a bad argument raises ``CommandError``."""
     overrides: dict[str, Any] = {
         name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None
     }
     try:
         profile = resolve_profile(args.profile, overrides)
     except ValueError as exc:
-        print(f"kvgate sim: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     if args.replicas < 0 or args.time_scale < 0:
-        print("kvgate sim: --replicas and --time-scale must be >= 0", file=sys.stderr)
-        return 2
+        raise CommandError("--replicas and --time-scale must be >= 0")
     cold_start_s = profile.cold_start_s if args.cold_start_s is None else args.cold_start_s
     control_port = args.port + 100 if args.control_port is None else args.control_port
     fleet = SimFleet(
@@ -104,9 +106,8 @@ async def _serve(fleet: SimFleet, load_s: float) -> None:
     try:
         await fleet.start()
     except OSError as exc:
-        print(f"kvgate sim: {exc}", file=sys.stderr)
         await fleet.close()
-        return
+        raise CommandError(f"cannot listen: {exc.strerror or exc}", status=1) from None
     profile = fleet.profile
     print(
         f"kvgate sim: {len(fleet.replicas)} x {fleet.model} ({profile.name}, "
@@ -133,7 +134,7 @@ async def _announce(replica: SimReplica) -> None:
     try:
         await replica.wait_ready()
     except OSError as exc:
-        print(f"kvgate sim: replica {replica.index} failed to listen: {exc}", file=sys.stderr, flush=True)
+        report("kvgate sim", f"replica {replica.index} failed to listen: {exc.strerror or exc}")
         return
     print(f"  replica {replica.index} ready: {replica.url}/health answers 200", flush=True)
 

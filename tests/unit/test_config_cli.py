@@ -39,3 +39,21 @@ def test_check_accepts_a_pool_that_discovers_its_capacity(
     )
     assert main(["config", "check", str(config)]) == 0
     assert "ok (1 model(s), 1 pool(s), 1 static replica(s), 0 DNS pool(s))" in capsys.readouterr().out
+
+
+def test_up_runs_the_autoscaler_unless_told_not_to() -> None:
+    parser = build_parser()
+    args = parser.parse_args(["up"])
+    assert (args.autoscale, args.min_replicas, args.max_replicas, args.autoscale_interval_s) == (
+        True,
+        1,
+        8,
+        5.0,
+    )
+    assert parser.parse_args(["up", "--no-autoscale"]).autoscale is False
+
+
+def test_serve_flags_override_the_file_and_the_environment() -> None:
+    args = build_parser().parse_args(["serve", "--config", "x.yaml", "--host", "0.0.0.0", "--port", "9000"])
+    assert (args.host, args.port) == ("0.0.0.0", 9000)
+    assert build_parser().parse_args(["serve", "--config", "x.yaml"]).port is None

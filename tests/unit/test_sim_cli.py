@@ -1,4 +1,5 @@
-"""``kvgate sim`` argument handling: the subcommand registers, and bad numbers exit 2 before serving."""
+"""``kvgate sim`` argument handling: the subcommand registers, and bad numbers exit 2 with one line
+before serving."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import argparse
 
 import pytest
 
+from gateway.cli import main
 from loadtest.sim.cli import register, run
 
 
@@ -36,9 +38,10 @@ def test_unknown_profile_is_rejected_by_the_parser() -> None:
         ["sim", "--warmup-s", "-1"],
     ],
 )
-def test_bad_numbers_exit_2_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    assert run(_parse(argv)) == 2
-    assert "kvgate sim:" in capsys.readouterr().err
+def test_bad_numbers_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("kvgate sim: error: ")
 
 
 def test_role_defaults_to_mixed_and_takes_only_the_three_roles() -> None:
