@@ -246,7 +246,7 @@ async def storm_streaming(run: Run) -> Scenario:
     async def body(
         run: Run, s: Scenario, procs: Processes, urls: list[str], url: str, proc: subprocess.Popen[bytes]
     ) -> None:
-        clients = [StreamClient(url + "/v1/completions", completion_body(600)) for _ in range(n)]
+        clients = [StreamClient(url + "/v1/completions", completion_body(1500)) for _ in range(n)]
         tasks = [asyncio.create_task(c.run(run.session)) for c in clients]
         s.event(f"{n} streams started")
         deadline = time.monotonic() + 20

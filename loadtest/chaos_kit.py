@@ -146,6 +146,13 @@ class StreamClient:
                     outcome.kind = ERROR_ANSWER if ok else LOST
                     outcome.detail = body[:200].decode(errors="replace")
                     return
+                if not response.content_type.startswith("text/event-stream"):
+                    answer = await response.read()
+                    outcome.first_chunk_at_s = time.monotonic() - start
+                    whole = b'"choices"' in answer and answer.rstrip().endswith(b"}")
+                    outcome.kind = COMPLETE if whole else LOST
+                    outcome.detail = "" if whole else f"incomplete JSON answer: {answer[-120:]!r}"
+                    return
                 tail = b""
                 async for chunk in response.content.iter_any():
                     if outcome.first_chunk_at_s is None:
