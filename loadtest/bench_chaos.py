@@ -160,9 +160,9 @@ async def bounded(run: Run, client: StreamClient, timeout_s: float = 10.0) -> Ou
 
 
 async def probe(run: Run, url: str, count: int = 5) -> list[Outcome]:
-    """Ordinary short requests, one after the other: is the gateway still serving?"""
-    outcomes = []
-    for _ in range(count):
+    """Ordinary short requests, one after the other, until one fails: is the gateway still serving?"""
+    outcomes: list[Outcome] = []
+    while len(outcomes) < count and all(o.kind == COMPLETE for o in outcomes):
         outcomes.append(await bounded(run, StreamClient(url + "/v1/completions", completion_body(8))))
     return outcomes
 
@@ -197,7 +197,8 @@ async def finish(
     scenario.check(
         "still serving",
         all(o.kind == COMPLETE for o in served),
-        f"{sum(o.kind == COMPLETE for o in served)}/{len(served)} ordinary requests complete; "
+        f"{sum(o.kind == COMPLETE for o in served)}/{len(served)} ordinary requests complete "
+        "(probing stops at the first failure); "
         f"{Counter(o.detail[:90] for o in served if o.kind != COMPLETE).most_common(2)}",
     )
     rss_mib, fds = footprint(proc)
