@@ -227,6 +227,7 @@ def test_retry_count_header() -> None:
     assert retry_count({"x-stainless-retry-count": "2"}) == 2
     assert retry_count({"x-stainless-retry-count": "-1"}) is None
     assert retry_count({}) is None
+    assert retry_count({"x-stainless-retry-count": "\u00b2"}) is None, "a superscript digit is no count"
     assert fingerprint(b"same") == fingerprint(b"same") != fingerprint(b"other")
 
 
