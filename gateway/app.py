@@ -151,6 +151,7 @@ class Gateway:
                 error = MethodNotAllowed(
                     f"method {scope['method']} is not allowed on {scope['path']}; use POST"
                 )
+                self.metrics.count_error(error)
                 await send_error(send, error, request_id_of(scope))
                 return
             assert self._proxy is not None, "gateway not started"

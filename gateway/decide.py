@@ -129,7 +129,7 @@ class KvgateDecider:
         self._encoder = PromptEncoder(config.models)
         state.removal_listeners.append(self.forget)
         for pool in config.pools:
-            metrics.count_expired(pool.name, 0)
+            metrics.declare_pool(pool.name)
         self._waiting: dict[int, tuple[ProxyRequest, asyncio.Future[Route | Refusal]]] = {}
         self._routed: dict[str, ProxyRequest] = {}
         """Requests holding a reservation, by id, until released: their leases are renewed while
@@ -147,6 +147,10 @@ class KvgateDecider:
             m.name: next((p.name for p in config.pools if not p.models or m.name in p.models), "")
             for m in config.models
         }
+
+    @property
+    def metrics(self) -> GatewayMetrics:
+        return self._metrics
 
     def views(self, now_s: float) -> list[ReplicaView]:
         """The fleet as the cores see it now. A replica's view is rebuilt only when something in
@@ -473,10 +477,12 @@ class KvgateDecider:
         self._state.ledger.release(request.request_id)
         verdict = self.retry_budget.decide(now_s, len(request.tried) - 1, request.response_started)
         if not verdict.allowed or request.routing is None:
+            self._metrics.count_retry(self.pool_of(request.model), verdict.reason)
             self.pump()
             return None
         views = self.views(now_s)
         route = self._place(request, tuple(views), now_s)
+        self._metrics.count_retry(self.pool_of(request.model), "no_replica" if route is None else "retry")
         if route is None:
             self.pump()
         return route
@@ -509,6 +515,7 @@ class KvgateDecider:
         before = self.health.get(replica.replica_id).state
         after = self.health.observe(replica.replica_id, outcome, now_s, retry_after_s)
         replica.healthy = after.routable(now_s)
+        self._metrics.observe_health(replica, ejected=after.state is EJECTED and before is not EJECTED)
         if after.state is HealthState.EJECTED and before is not HealthState.EJECTED:
             self.router.forget(replica.replica_id)
         elif after.state is HealthState.HEALTHY and before is not HealthState.HEALTHY:
@@ -516,6 +523,7 @@ class KvgateDecider:
 
     def forget(self, replica_id: str) -> None:
         self._views.pop(replica_id, None)
+        self._metrics.forget_replica(replica_id)
         self.router.forget(replica_id)
         self.health.remove(replica_id)
 

@@ -15,22 +15,35 @@ collector asks the gateway's ``PoolWorkSource`` at scrape time, so they are alwa
 to zero when the gateway is idle. Names follow Prometheus conventions: ``kvgate_<thing>_<unit>``,
 base units, ``_total`` counters; labels are ``pool`` and ``model``, ``replica`` only on per-replica
 gauges, and ``reason`` only from the decision cores' bounded sets.
+
+The completion routes' outcomes are counted where each is known, one call per event: every answer
+by ``code`` and ``reason`` (``count_relayed`` for the replica's own status, ``count_error`` for one
+the gateway decided, its reason the decision's or its error class's), each failed attempt on a
+replica by ``kind`` (``count_upstream_error``), each retry decision (``count_retry``) and each
+ejection (``observe_health``). Replicas are labelled by their name (``ReplicaState.name``), never
+their URL; a replica's series are declared at zero by its first health outcome, so an alert sees
+the first failure, and go when it leaves the fleet. ``kvgate_build_info`` and the standard
+``process_*`` / ``python_*`` collectors are on the same registry.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
 from admission.coordination import CoordinationStatus
+from gateway.errors import GatewayError, ModelNotFound
+from gateway.replica_http import ReplicaConnectError, ReplicaDisconnected, ReplicaHTTPError
 from gateway.signals import (
     Clock,
     CountWindow,
@@ -40,6 +53,7 @@ from gateway.signals import (
     PoolWorkSource,
     SignalsWindow,
 )
+from gateway.state import ReplicaState
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -94,7 +108,35 @@ COUNTERS = (
     "kvgate_admission_decisions_total",
     "kvgate_prompt_tokens_total",
     "kvgate_output_tokens_total",
+    "kvgate_responses_total",
+    "kvgate_upstream_errors_total",
+    "kvgate_retries_total",
+    "kvgate_replica_ejections_total",
+    "kvgate_reservations_expired_total",
 )
+INFO_GAUGES = ("kvgate_build_info",)
+UPSTREAM_ERROR_KINDS = ("connect", "timeout", "disconnected", "protocol", "status_5xx", "status_429", "other")
+"""How an attempt on a replica failed: no connection, a connect/first-byte/idle timeout, the
+connection closed mid-response, an answer that was not HTTP/1.1, a 5xx or 429 answer, anything else."""
+RETRY_OUTCOMES = ("retry", "no_replica", "max_retries", "retry_budget")
+"""What became of a request whose replica failed before the first byte: retried on another replica,
+no other replica could take it, or refused by ``routing.max_retries`` or the retry budget."""
+RELAYED = "replica"
+"""The ``reason`` of an answer whose status the replica chose (a success or its own 4xx)."""
+_REASON_OF_STATUS = {
+    400: "invalid_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    429: "upstream_saturated",
+    500: "internal",
+    502: "upstream_error",
+    503: "upstream_unavailable",
+    504: "upstream_timeout",
+}
+"""The reason of a gateway error that carries none: an admission error always does, so a reasonless
+429 or 503 is a replica's own answer passed on."""
 COORDINATION_SERIES = (
     "kvgate_coordination_up",
     "kvgate_coordination_last_sync_age_seconds",
@@ -301,6 +343,9 @@ class _Counter(Collector):
             child = self._children[values] = _Count(dict(zip(self._labelnames, values, strict=True)))
         return child
 
+    def remove(self, *values: str) -> None:
+        self._children.pop(values, None)
+
     def describe(self) -> Iterable[Metric]:
         return [Metric(self._name, self._documentation, "counter")]
 
@@ -361,6 +406,60 @@ class _Decisions:
 
     count: _Count
     window: CountWindow
+
+
+@dataclass(frozen=True, slots=True)
+class _ReplicaSeries:
+    """One replica's ejection counter and its upstream error counter per kind."""
+
+    labels: tuple[str, str]
+    ejections: _Count
+    errors: dict[str, _Count]
+
+
+def _reason_of(error: GatewayError) -> str:
+    if error.reason is not None:
+        return error.reason
+    if isinstance(error, ModelNotFound):
+        return "model_not_found"
+    return _REASON_OF_STATUS.get(error.status, "internal")
+
+
+def upstream_error_kind(exc: BaseException) -> str:
+    """One of ``UPSTREAM_ERROR_KINDS`` for a failed attempt: a replica client error, or the gateway
+    error a replica's 5xx/429 answer became (``errors.upstream_status_error``)."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ReplicaConnectError):
+        return "connect"
+    if isinstance(exc, ReplicaDisconnected):
+        return "disconnected"
+    if isinstance(exc, ReplicaHTTPError):
+        return "protocol"
+    if isinstance(exc, GatewayError) and exc.status >= 500:
+        return "status_5xx"
+    if isinstance(exc, GatewayError) and exc.status == 429:
+        return "status_429"
+    return "other"
+
+
+class _BuildInfo(Collector):
+    """``kvgate_build_info``: the installed package's version (from its metadata) and Python's."""
+
+    def __init__(self) -> None:
+        try:
+            self.version = importlib.metadata.version("kvgate")
+        except importlib.metadata.PackageNotFoundError:
+            self.version = "unknown"
+
+    def collect(self) -> Iterable[Metric]:
+        info = GaugeMetricFamily(
+            "kvgate_build_info",
+            "1, labelled with the installed kvgate version and the Python running it.",
+            labels=["version", "python"],
+        )
+        info.add_metric([self.version, platform.python_version()], 1.0)
+        return [info]
 
 
 class _NoWork:
@@ -447,6 +546,40 @@ class GatewayMetrics:
             ["kind"],
             registry=r,
         )
+        self._responses = _Counter(
+            "kvgate_responses",
+            "Answers of the completion routes by HTTP code and reason: `replica` when the status is "
+            "the replica's, else why the gateway answered so (an admission reason, invalid_request, "
+            "unauthorized, model_not_found, payload_too_large, upstream_error, upstream_timeout, ...).",
+            ["code", "reason"],
+            registry=r,
+        )
+        self._upstream_errors = _Counter(
+            "kvgate_upstream_errors",
+            "Failed attempts on a replica by kind: " + ", ".join(UPSTREAM_ERROR_KINDS) + ".",
+            ["pool", "replica", "kind"],
+            registry=r,
+        )
+        self._retries = _Counter(
+            "kvgate_retries",
+            "What became of requests whose replica failed before the first byte: retry (sent to "
+            "another replica), no_replica, or refused by max_retries or the retry budget.",
+            ["pool", "outcome"],
+            registry=r,
+        )
+        self._ejections = _Counter(
+            "kvgate_replica_ejections",
+            "Times a replica was ejected from routing by passive or active health checks.",
+            ["pool", "replica"],
+            registry=r,
+        )
+        r.register(_BuildInfo())
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        GCCollector(registry=r)
+        self._relayed: dict[int, _Count] = {}
+        self._refused: dict[tuple[type[GatewayError], str | None], _Count] = {}
+        self._replicas: dict[str, _ReplicaSeries] = {}
         self._coordination_collector: _CoordinationCollector | None = None
         self._decided: dict[tuple[str, str, str, str], _Decisions] = {}
         self._series: dict[tuple[str, str], _Series] = {}
@@ -577,6 +710,62 @@ class GatewayMetrics:
         """Reservations of ``pool`` released by their lease; 0 declares the series (so alerts see a
         zero before the first one)."""
         self._expired.labels(pool).inc(reservations)
+
+    def declare_pool(self, pool: str) -> None:
+        """Export the pool's expired reservations and retry outcomes at zero, so alerts on their
+        increase see the first one."""
+        self._expired.labels(pool)
+        for outcome in RETRY_OUTCOMES:
+            self._retries.labels(pool, outcome)
+
+    def count_relayed(self, status: int) -> None:
+        """An answer whose status the replica chose reached the client (its headers did)."""
+        count = self._relayed.get(status)
+        if count is None:
+            count = self._relayed[status] = self._responses.labels(str(status), RELAYED)
+        count.value += 1
+
+    def count_error(self, error: GatewayError) -> None:
+        """The gateway answered ``error`` on a completion route."""
+        key = (type(error), error.reason)
+        count = self._refused.get(key)
+        if count is None:
+            count = self._refused[key] = self._responses.labels(str(error.status), _reason_of(error))
+        count.value += 1
+
+    def _replica_series(self, replica: ReplicaState) -> _ReplicaSeries:
+        series = self._replicas.get(replica.replica_id)
+        if series is None:
+            labels = (replica.pool, replica.name)
+            series = self._replicas[replica.replica_id] = _ReplicaSeries(
+                labels,
+                self._ejections.labels(*labels),
+                {kind: self._upstream_errors.labels(*labels, kind) for kind in UPSTREAM_ERROR_KINDS},
+            )
+        return series
+
+    def count_upstream_error(self, replica: ReplicaState, exc: BaseException) -> None:
+        """An attempt on ``replica`` failed with ``exc`` (before or after the first byte)."""
+        self._replica_series(replica).errors[upstream_error_kind(exc)].value += 1
+
+    def observe_health(self, replica: ReplicaState, *, ejected: bool) -> None:
+        """A health outcome of ``replica`` was taken in; ``ejected`` when it ejected the replica.
+        The first declares the replica's series at zero."""
+        series = self._replicas.get(replica.replica_id) or self._replica_series(replica)
+        if ejected:
+            series.ejections.value += 1
+
+    def count_retry(self, pool: str, outcome: str) -> None:
+        """``outcome`` is one of ``RETRY_OUTCOMES``."""
+        self._retries.labels(pool, outcome).value += 1
+
+    def forget_replica(self, replica_id: str) -> None:
+        """The replica left the fleet: its series go (a fleet that churns pods keeps no stale ones)."""
+        series = self._replicas.pop(replica_id, None)
+        if series is not None:
+            self._ejections.remove(*series.labels)
+            for kind in UPSTREAM_ERROR_KINDS:
+                self._upstream_errors.remove(*series.labels, kind)
 
     def count_tokens(self, pool: str, model: str, prompt_tokens: int, output_tokens: int) -> None:
         """Tokens of one finished request (call once per request, at its end)."""

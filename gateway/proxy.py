@@ -101,6 +101,7 @@ class Proxy:
     ) -> None:
         self._state = state
         self._decider = decider
+        self._metrics = decider.metrics
         self._client = client
         self._max_body_bytes = server.max_body_bytes
         self._not_relayed = (
@@ -117,6 +118,7 @@ class Proxy:
                 return
             request = self._parse(scope["path"], raw, request_id, x_request_id, forward)
         except GatewayError as exc:
+            self._metrics.count_error(exc)
             await send_error(send, exc, x_request_id)
             return
         task = asyncio.current_task()
@@ -136,6 +138,7 @@ class Proxy:
     async def _serve(self, request: ProxyRequest, send: Send) -> None:
         outcome = await self._decider.decide(request)
         if isinstance(outcome, Refusal):
+            self._metrics.count_error(outcome.error)
             await send_error(send, outcome.error, request.x_request_id)
             return
         route: Route = outcome
@@ -155,6 +158,7 @@ class Proxy:
                     return
                 retry = self._decider.retry(request, failure)
                 if retry is None:
+                    self._metrics.count_error(failure)
                     await send_error(send, failure, request.x_request_id)
                     return
                 route = retry
@@ -195,6 +199,7 @@ class Proxy:
                     _read_usage(request, body)
                 headers.append((b"content-length", str(len(body)).encode()))
                 request.response_started = True
+                self._metrics.count_relayed(status)
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 if status == 200:
@@ -202,6 +207,7 @@ class Proxy:
                     decider.finished(request, replica, None, time.monotonic())
                 return None
             request.response_started = True
+            self._metrics.count_relayed(status)
             await send({"type": "http.response.start", "status": status, "headers": headers})
             itl_s, gaps_s = await self._stream(request, replica, response, send)
             decider.observe(replica, status)
@@ -211,6 +217,7 @@ class Proxy:
             raise
         except Exception as exc:
             error = translate_upstream(exc, replica.name, replica_url)
+            self._metrics.count_upstream_error(replica, exc)
             if response is None or (response.status < 500 and response.status != 429):
                 decider.observe(replica, None)
             if not request.response_started:

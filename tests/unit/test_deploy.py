@@ -674,7 +674,7 @@ def test_hadolint_fails_a_careless_dockerfile(tmp_path: Path) -> None:
 
 # --- what the manifests query (scraped against a running gateway in tests/integration) ---
 
-_SELECTOR = re.compile(r"(?<![\w:])((?:kvgate_|vllm:)[A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?")
+_SELECTOR = re.compile(r"(?<![\w:])((?:kvgate_|vllm:|process_)[A-Za-z0-9_:]*)\s*(?:\{([^}]*)\})?")
 _MATCHER = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"')
 TARGET_LABELS = frozenset(
     {"job", "instance", "namespace", "pod", "service", "endpoint", "container", "kvgate_io_pool"}
@@ -782,6 +782,9 @@ def test_every_overlay_queries_what_kvgate_exports_by_name() -> None:
         "kvgate_time_to_first_token_seconds_bucket",
         "kvgate_admission_decisions_total",
         "vllm:num_preemptions_total",
+        "kvgate_upstream_errors_total",
+        "kvgate_build_info",
+        "process_resident_memory_bytes",
     } <= names
     desired = next(s for s in keda if s.source.startswith("ScaledObject/"))
     assert desired.matchers == (("pool", "=", "chat"),)

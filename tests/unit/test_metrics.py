@@ -1,12 +1,41 @@
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 from collections.abc import Iterable
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.metrics import COUNTERS, HISTOGRAMS, WORK_GAUGES, GatewayMetrics
+from gateway.errors import (
+    BadGateway,
+    BadRequest,
+    GatewayTimeout,
+    InternalError,
+    MethodNotAllowed,
+    ModelNotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TooManyRequests,
+    Unauthorized,
+)
+from gateway.metrics import (
+    COUNTERS,
+    HISTOGRAMS,
+    INFO_GAUGES,
+    RETRY_OUTCOMES,
+    UPSTREAM_ERROR_KINDS,
+    WORK_GAUGES,
+    GatewayMetrics,
+)
+from gateway.replica_http import (
+    ReplicaConnectError,
+    ReplicaDisconnected,
+    ReplicaProtocolError,
+    ReplicaTimeout,
+)
 from gateway.signals import ModelWork, PoolWork, ReplicaWork
+from gateway.state import ReplicaState, replica_name
 from routing.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -59,8 +88,10 @@ def populated(clock: FakeClock | None = None) -> GatewayMetrics:
         metrics.count_tokens(pool, MODEL, 120, 30)
         metrics.count_decision("admit", "fits", pool=pool, model=MODEL)
         metrics.set_desired_replicas(pool, 3, "hold")
-        metrics.count_expired(pool, 0)
+        metrics.declare_pool(pool)
     metrics.count_decision("reject", "queue_full", pool="decode", model=MODEL)
+    metrics.count_relayed(200)
+    metrics.observe_health(replica(), ejected=True)
     metrics.observe_tokenizer_ratio(MODEL, 98, 100)
     return metrics
 
@@ -81,7 +112,7 @@ def value(series: dict[str, list[tuple[dict[str, str], float]]], name: str, **la
 
 def test_every_declared_series_is_exported() -> None:
     series = samples(populated())
-    for name in WORK_GAUGES + COUNTERS:
+    for name in WORK_GAUGES + COUNTERS + INFO_GAUGES:
         assert name in series, name
     for name in HISTOGRAMS:
         for suffix in ("_bucket", "_sum", "_count"):
@@ -158,7 +189,7 @@ def test_labelled_children_are_cached() -> None:
 
 def test_every_metric_is_documented() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "autoscaling.md").read_text()
-    missing = [name for name in WORK_GAUGES + HISTOGRAMS + COUNTERS if f"`{name}`" not in doc]
+    missing = [name for name in WORK_GAUGES + HISTOGRAMS + COUNTERS + INFO_GAUGES if f"`{name}`" not in doc]
     assert not missing
 
 
@@ -253,3 +284,160 @@ def test_counters_are_written_as_prometheus_client_writes_them() -> None:
         ]
 
     assert counter_lines(metrics.render()) == counter_lines(generate_latest(registry))
+
+
+def replica(url: str = "http://10.0.0.7:8000", pool: str = "decode") -> ReplicaState:
+    return ReplicaState(
+        url, url, pool, Role.DECODE, frozenset({MODEL}), 1000, 8, name=replica_name(pool, url)
+    )
+
+
+def test_responses_are_counted_by_code_and_reason() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    for status in (200, 200, 400):
+        metrics.count_relayed(status)
+    for error in (
+        TooManyRequests("full", reason="queue_full"),
+        TooManyRequests("late", reason="deadline"),
+        ServiceUnavailable("none", reason="no_replica"),
+        ServiceUnavailable("blind", reason="coordination_unavailable"),
+        BadRequest("too long", reason="invalid_request"),
+        BadRequest("not JSON"),
+        ModelNotFound("gpt-9"),
+        PayloadTooLarge("big"),
+        Unauthorized("who"),
+        MethodNotAllowed("GET"),
+        BadGateway("replica failed"),
+        GatewayTimeout("replica timed out"),
+        TooManyRequests("replica saturated"),
+        ServiceUnavailable("replica unavailable (503)", retry_after_s=1.0),
+        InternalError("bug"),
+    ):
+        metrics.count_error(error)
+    metrics.count_error(BadRequest("still not JSON"))
+    got = {(lbl["code"], lbl["reason"]): v for lbl, v in samples(metrics)["kvgate_responses_total"]}
+    assert got == {
+        ("200", "replica"): 2,
+        ("400", "replica"): 1,
+        ("429", "queue_full"): 1,
+        ("429", "deadline"): 1,
+        ("503", "no_replica"): 1,
+        ("503", "coordination_unavailable"): 1,
+        ("400", "invalid_request"): 3,
+        ("404", "model_not_found"): 1,
+        ("413", "payload_too_large"): 1,
+        ("401", "unauthorized"): 1,
+        ("405", "method_not_allowed"): 1,
+        ("502", "upstream_error"): 1,
+        ("504", "upstream_timeout"): 1,
+        ("429", "upstream_saturated"): 1,
+        ("503", "upstream_unavailable"): 1,
+        ("500", "internal"): 1,
+    }
+
+
+def test_a_replica_is_declared_at_zero_by_its_first_health_outcome() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    r = replica()
+    metrics.observe_health(r, ejected=False)
+    series = samples(metrics)
+    kinds = {lbl["kind"]: v for lbl, v in series["kvgate_upstream_errors_total"] if lbl["replica"] == r.name}
+    assert kinds == dict.fromkeys(UPSTREAM_ERROR_KINDS, 0.0)
+    assert value(series, "kvgate_replica_ejections_total", pool="decode", replica=r.name) == 0
+
+
+def test_upstream_errors_are_counted_by_kind_and_replica_name_never_its_url() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    a, b = replica(), replica("http://10.0.0.8:8000")
+    for r, exc in (
+        (a, ReplicaConnectError(ConnectionRefusedError(111, "refused"))),
+        (a, ReplicaConnectError(ConnectionRefusedError(111, "refused"))),
+        (a, ReplicaTimeout("first byte")),
+        (a, TimeoutError()),
+        (b, ReplicaDisconnected("closed")),
+        (b, ReplicaProtocolError("garbage")),
+        (b, BadGateway("replica answered 500")),
+        (b, ServiceUnavailable("replica unavailable (503)")),
+        (b, TooManyRequests("replica saturated (429)")),
+        (b, RuntimeError("a bug")),
+    ):
+        metrics.count_upstream_error(r, exc)
+    series = samples(metrics)["kvgate_upstream_errors_total"]
+    got = {(lbl["pool"], lbl["replica"], lbl["kind"]): v for lbl, v in series if v}
+    assert got == {
+        ("decode", a.name, "connect"): 2,
+        ("decode", a.name, "timeout"): 2,
+        ("decode", b.name, "disconnected"): 1,
+        ("decode", b.name, "protocol"): 1,
+        ("decode", b.name, "status_5xx"): 2,
+        ("decode", b.name, "status_429"): 1,
+        ("decode", b.name, "other"): 1,
+    }
+    assert {lbl["kind"] for lbl, _ in series} == set(UPSTREAM_ERROR_KINDS)
+    assert not any("http" in lbl["replica"] for lbl, _ in series)
+
+
+def test_ejections_count_and_a_removed_replica_takes_its_series_along() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    a, b = replica(), replica("http://10.0.0.8:8000")
+    for r, ejected in ((a, False), (a, True), (b, False), (a, False), (a, True)):
+        metrics.observe_health(r, ejected=ejected)
+    metrics.count_upstream_error(b, ReplicaDisconnected("closed"))
+    series = samples(metrics)
+    assert value(series, "kvgate_replica_ejections_total", replica=a.name) == 2
+    assert value(series, "kvgate_replica_ejections_total", replica=b.name) == 0
+    metrics.forget_replica(b.replica_id)
+    series = samples(metrics)
+    for name in ("kvgate_replica_ejections_total", "kvgate_upstream_errors_total"):
+        assert {lbl["replica"] for lbl, _ in series[name]} == {a.name}, name
+
+
+def test_retries_and_expired_reservations_of_a_pool_start_at_zero() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    metrics.declare_pool("decode")
+    series = samples(metrics)
+    outcomes = {lbl["outcome"]: v for lbl, v in series["kvgate_retries_total"] if lbl["pool"] == "decode"}
+    assert outcomes == dict.fromkeys(RETRY_OUTCOMES, 0.0)
+    assert value(series, "kvgate_reservations_expired_total", pool="decode") == 0
+    metrics.count_retry("decode", "retry")
+    metrics.count_retry("decode", "retry")
+    metrics.count_retry("decode", "retry_budget")
+    series = samples(metrics)
+    assert value(series, "kvgate_retries_total", pool="decode", outcome="retry") == 2
+    assert value(series, "kvgate_retries_total", pool="decode", outcome="retry_budget") == 1
+    assert value(series, "kvgate_retries_total", pool="decode", outcome="max_retries") == 0
+
+
+def test_build_info_names_the_installed_version_and_the_python() -> None:
+    series = samples(GatewayMetrics(clock=FakeClock()))
+    labels = {"version": importlib.metadata.version("kvgate"), "python": platform.python_version()}
+    assert value(series, "kvgate_build_info", **labels) == 1
+
+
+def test_process_metrics_are_on_the_gateways_own_registry() -> None:
+    series = samples(GatewayMetrics(clock=FakeClock()))
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_open_fds",
+        "process_start_time_seconds",
+        "python_info",
+        "python_gc_collections_total",
+    ):
+        assert name in series, name
+    assert "process_cpu_seconds_total" in samples(populated()), "every instance has its own"
+
+
+def test_response_and_replica_children_are_cached() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    r = replica()
+    metrics.count_relayed(200)
+    metrics.count_error(BadRequest("x"))
+    metrics.observe_health(r, ejected=False)
+    sizes = (len(metrics._relayed), len(metrics._refused), len(metrics._replicas))
+    for _ in range(100):
+        metrics.count_relayed(200)
+        metrics.count_error(BadRequest("x"))
+        metrics.observe_health(r, ejected=False)
+        metrics.count_upstream_error(r, ReplicaDisconnected("closed"))
+    assert (len(metrics._relayed), len(metrics._refused), len(metrics._replicas)) == sizes
