@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import pytest
 
+from gateway.command import CommandError
 from loadtest.cli import register
 from loadtest.compare import order, ratios, slices
 from loadtest.report import Summary
@@ -118,4 +119,6 @@ def test_cli_compare_flags() -> None:
 
 def test_cli_run_without_target_fails() -> None:
     args = _parser().parse_args(["loadtest"])
-    assert args.run(args) == 1
+    with pytest.raises(CommandError, match="--target URL is required") as failure:
+        args.run(args)
+    assert failure.value.status == 1
