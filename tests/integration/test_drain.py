@@ -19,7 +19,8 @@ import aiohttp
 import httpx
 import orjson
 
-from gateway.server import running_gateway
+from config.schema import GatewayConfig
+from gateway.server import RunningGateway, running_gateway
 from loadtest.client import wait_until_ok
 from loadtest.sim.fleet import SimFleet, free_port
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
@@ -208,3 +209,65 @@ async def test_a_drain_in_process_finishes_a_stream_and_holds_nothing() -> None:
             assert events[-1] == "[DONE]"
             await gw.serving
             await assert_idle(gw)
+
+
+def queueing_config(urls: list[str], drain_timeout_s: float) -> GatewayConfig:
+    """Room for four requests of 250 tokens: a fifth waits in the admission queue."""
+    pool = {"name": "default", "replicas": urls, "kv_capacity_tokens": 1000, "max_sequences": 16}
+    return gateway_config(
+        urls,
+        pools=[pool],
+        admission={"max_queue_wait_s": 300},
+        server={"port": 0, "drain_delay_s": 0.1, "drain_timeout_s": drain_timeout_s},
+    )
+
+
+async def fill_and_queue(
+    http: aiohttp.ClientSession, url: str, gw: RunningGateway
+) -> tuple[list[aiohttp.ClientResponse], asyncio.Future[tuple[int, Any, bytes]]]:
+    holders = [await open_stream(http, url, max_tokens=240) for _ in range(4)]
+
+    async def queued() -> tuple[int, Any, bytes]:
+        body = {"model": MODEL, "prompt": "queued", "max_tokens": 240, "ignore_eos": True}
+        async with http.post(url + "/v1/completions", json=body) as response:
+            return response.status, response.headers, await response.read()
+
+    waiter = asyncio.ensure_future(queued())
+    assert await eventually(lambda: gw.state.queued == 1)
+    return holders, waiter
+
+
+async def test_a_request_queued_at_sigterm_is_admitted_during_the_drain() -> None:
+    async with (
+        SimFleet(replicas=1, time_scale=1.0) as fleet,
+        running_gateway(queueing_config(fleet.urls, 120.0)) as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        holders, waiter = await fill_and_queue(http, gw.url, gw)
+        gw.server.handle_exit(signal.SIGTERM, None)
+        for response in holders:
+            assert (await rest_of(response))[-1] == "[DONE]"
+        status, _, body = await waiter
+        assert status == 200, body
+        assert orjson.loads(body)["usage"]["completion_tokens"] == 240
+        await gw.serving
+        await assert_idle(gw)
+
+
+async def test_at_the_drain_timeout_a_queued_request_gets_503_and_nothing_is_held() -> None:
+    async with (
+        SimFleet(replicas=1, time_scale=TIME_SCALE) as fleet,
+        running_gateway(queueing_config(fleet.urls, 0.3)) as gw,
+        aiohttp.ClientSession() as http,
+    ):
+        holders, waiter = await fill_and_queue(http, gw.url, gw)
+        gw.server.handle_exit(signal.SIGTERM, None)
+        status, headers, body = await waiter
+        assert status == 503 and int(headers["retry-after"]) >= 1
+        assert orjson.loads(body)["error"]["reason"] == "draining"
+        for response in holders:
+            events = await rest_of(response)
+            assert events[-1] == "[DONE]"
+            assert isinstance(events[-2], dict) and events[-2]["error"]["reason"] == "draining"
+        await gw.serving
+        await assert_idle(gw)
