@@ -202,9 +202,17 @@ async def test_a_drain_in_process_finishes_a_stream_and_holds_nothing() -> None:
         config = gateway_config(fleet.urls, server={"port": 0, "drain_delay_s": 0.2, "drain_timeout_s": 60})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as http:
             stream = await open_stream(http, gw.url, max_tokens=60)
+            host, port = gw.url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"GET /healthz HTTP/1.1\r\nhost: kvgate\r\n\r\n")
+            assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+            await reader.readexactly(len(b'{"status":"ok"}'))
             gw.server.handle_exit(signal.SIGTERM, None)
             async with http.get(gw.url + "/readyz") as ready:
                 assert ready.status == 503
+            assert await asyncio.wait_for(reader.read(), 30) == b"", "an idle connection is closed"
+            writer.close()
+            assert gw.server.server_state.tasks, "while the stream goes on"
             events = await rest_of(stream)
             assert events[-1] == "[DONE]"
             await gw.serving
