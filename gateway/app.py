@@ -8,6 +8,9 @@ replica client, the aiohttp session of every other upstream call, the first
 health probe and ``/metrics`` scrape round (so readiness is known before the first request) and
 the background tasks: health probes, vLLM metrics scraping, DNS,
 the admission pump, Redis coordination and the autoscaling recommender when configured.
+It says whether it can serve (``/readyz``: started, pump alive, not draining, coordination per its
+fail mode) and, in a drain (``gateway.server``), answers new completions with a 503 and closes
+every connection after its response.
 """
 
 from __future__ import annotations
