@@ -133,6 +133,26 @@ class Server(Section):
             "Default 100. Example: 64"
         ),
     )
+    drain_delay_s: float = Field(
+        default=5.0,
+        ge=0,
+        description=(
+            "Seconds the gateway keeps taking new requests after SIGTERM while /readyz already "
+            "answers 503, so load balancers and Service endpoints stop sending before it refuses "
+            "(as Istio's terminationDrainDuration). SIGINT skips it. Default 5. Example: 10"
+        ),
+    )
+    drain_timeout_s: float = Field(
+        default=640.0,
+        ge=0,
+        description=(
+            "Seconds after the drain delay that requests and streams in flight may take to finish; "
+            "new requests get a 503 with Retry-After meanwhile. Then what remains ends: a stream "
+            "with an error event and [DONE], any other request with a 503; and the process exits 0. "
+            "Keep drain_delay_s + drain_timeout_s under the pod's terminationGracePeriodSeconds "
+            "(660 in deploy/). Default 640. Example: 120"
+        ),
+    )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts, in seconds.")
     admin_token: SecretStr | None = Field(
         default=None,

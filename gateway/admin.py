@@ -1,5 +1,5 @@
-"""Admin and control routes, on FastAPI: models, liveness, readiness, Prometheus metrics, and
-``/admin/*`` (pools and their replicas: list them, set a pool's replica set).
+"""Admin and control routes, on FastAPI: models, liveness, readiness, fleet health, Prometheus
+metrics, and ``/admin/*`` (pools and their replicas: list them, set a pool's replica set).
 
 Nothing here is on the request hot path; FastAPI is used for its routing and OpenAPI document.
 Every error it raises is rendered in the same OpenAI shape as the proxy's. ``/admin/*`` changes
@@ -70,8 +70,9 @@ def build_admin_app(
     unready_reason: Callable[[], str | None] = _always_ready,
 ) -> FastAPI:
     """``clock`` must be the one scrapes are stamped with (it measures their age).
-    ``unready_reason`` names why the gateway refuses every new request even with routable
-    replicas (``coordination_unavailable``), or None."""
+    ``unready_reason`` names why this gateway cannot serve (``draining``,
+    ``coordination_unavailable``, ...), or None; it is ``/readyz``. The fleet's state is
+    ``/fleetz``: 200 while every model has a routable replica, else 503."""
     app = FastAPI(title="kvgate", description="OpenAI-compatible gateway for vLLM fleets", version="0.1.0")
     created_s = int(time.time())
     if admin_token is None:
@@ -100,13 +101,17 @@ def build_admin_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        routable = sum(1 for r in state.replicas.values() if r.healthy)
         reason = unready_reason()
-        ready = routable > 0 and reason is None
-        doc: dict[str, object] = {"ready": ready, "routable_replicas": routable}
+        doc: dict[str, object] = {"ready": reason is None}
         if reason is not None:
             doc["reason"] = reason
-        return Response(orjson.dumps(doc), status_code=200 if ready else 503, media_type="application/json")
+        return _json_status(doc, reason is None)
+
+    @app.get("/fleetz")
+    async def fleetz() -> Response:
+        models = {model: {"routable_replicas": len(state.routable(model))} for model in state.models}
+        ready = all(m["routable_replicas"] > 0 for m in models.values())
+        return _json_status({"ready": ready, "models": models}, ready)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -186,6 +191,10 @@ def build_admin_app(
         return error_response(BadRequest(str(exc.errors())))
 
     return app
+
+
+def _json_status(doc: dict[str, object], ok: bool) -> Response:
+    return Response(orjson.dumps(doc), status_code=200 if ok else 503, media_type="application/json")
 
 
 def error_response(error: GatewayError) -> Response:

@@ -8,6 +8,9 @@ replica client, the aiohttp session of every other upstream call, the first
 health probe and ``/metrics`` scrape round (so readiness is known before the first request) and
 the background tasks: health probes, vLLM metrics scraping, DNS,
 the admission pump, Redis coordination and the autoscaling recommender when configured.
+It says whether it can serve (``/readyz``: started, pump alive, not draining, coordination per its
+fail mode) and, in a drain (``gateway.server``), answers new completions with a 503 and closes
+every connection after its response.
 """
 
 from __future__ import annotations
@@ -29,7 +32,16 @@ from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError, MethodNotAllowed
 from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
-from gateway.proxy import Message, Proxy, Receive, Scope, Send, request_id_of, send_error
+from gateway.proxy import (
+    Message,
+    Proxy,
+    Receive,
+    Scope,
+    Send,
+    request_id_of,
+    send_error,
+    shutting_down,
+)
 from gateway.replica_http import ReplicaClient
 from gateway.scrape import Scraper
 from gateway.state import GatewayState
@@ -81,6 +93,10 @@ class Gateway:
         self._client: ReplicaClient | None = None
         self._proxy: Proxy | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._pump: asyncio.Task[None] | None = None
+        self.draining = False
+        """Set on SIGTERM (``gateway.server``): readiness fails from then on."""
+        self._refusing = False
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -91,9 +107,30 @@ class Gateway:
         return {replica_id: self.state.ledger.load(replica_id) for replica_id in self.state.replicas}
 
     def _unready_reason(self) -> str | None:
+        """Why this gateway cannot serve, or None. The fleet's health is not a reason: with every
+        replica down the gateway still answers (a 503 with Retry-After), which a client can act
+        on, while a Service with no ready gateway gives it connection errors (``/fleetz`` is the
+        fleet's endpoint)."""
+        if self._proxy is None:
+            return "starting"
+        if self.draining:
+            return "draining"
+        if self._pump is None or self._pump.done():
+            return "admission_pump_stopped"
         if self.coordinator is not None and self.coordinator.status().refusing:
             return RejectReason.COORDINATION_UNAVAILABLE.value
         return None
+
+    def refuse_new(self) -> None:
+        """The drain's second phase: new completion requests get a 503 with Retry-After, and every
+        response from now on closes its connection."""
+        self.draining = True
+        self._refusing = True
+
+    def end_requests(self) -> None:
+        """The drain time is up: requests cancelled from now on end cleanly for their clients."""
+        if self._proxy is not None:
+            self._proxy.stopping = True
 
     async def start(self) -> None:
         self._session = create_session(self.config.server)
@@ -115,10 +152,11 @@ class Gateway:
         monitor = HealthMonitor(self.state, self._session, self.config.health, self.decider)
         scraper = Scraper(self.state, self._session, self.config.health.interval_s)
         await asyncio.gather(monitor.probe_all(), scraper.scrape_all())
+        self._pump = asyncio.create_task(self.decider.run(), name="kvgate-admission-pump")
         self._tasks = [
             asyncio.create_task(monitor.run(), name="kvgate-health"),
             asyncio.create_task(scraper.run(), name="kvgate-scrape"),
-            asyncio.create_task(self.decider.run(), name="kvgate-admission-pump"),
+            self._pump,
         ]
         self._tasks += [asyncio.create_task(d.run(), name="kvgate-dns") for d in discoveries]
         if self.config.autoscaler is not None:
@@ -146,6 +184,11 @@ class Gateway:
             self._session = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._refusing and scope["type"] == "http":
+            send = _closing(send)
+            if scope["path"] in COMPLETION_PATHS:
+                await send_error(send, shutting_down(), request_id_of(scope))
+                return
         if scope["type"] == "http" and scope["path"] in COMPLETION_PATHS:
             if scope["method"] != "POST":
                 error = MethodNotAllowed(
@@ -188,3 +231,15 @@ class Gateway:
                 await self.stop()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+
+def _closing(send: Send) -> Send:
+    """``send`` with ``connection: close`` on the response: no request follows on a draining
+    connection."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", ()), (b"connection", b"close")]
+        await send(message)
+
+    return closing_send

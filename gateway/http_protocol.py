@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -309,18 +310,32 @@ class EdgeProtocol(HttpToolsProtocol):
         self._send_timer = None
         self.transport.abort()
 
-    def _evict_idle(self) -> bool:
+    @classmethod
+    def _evict_idle(cls) -> bool:
         """Close the longest-idle connection to make room; False when none is idle."""
-        victim = next(iter(self.idle), None)
+        victim = next(iter(cls.idle), None)
         if victim is None:
             return False
-        del self.idle[victim]
+        del cls.idle[victim]
         victim._phase = _REFUSED
         if victim._timer is not None:
             victim._timer.cancel()
             victim._timer = None
         victim.transport.close()
         return True
+
+    @classmethod
+    def drain(cls, connections: Iterable[object]) -> None:
+        """For a drain: close every idle connection now and every other one once the response in
+        progress on it is sent. A request still being read is not cut: the application answers it
+        with ``connection: close``."""
+        while cls._evict_idle():
+            pass
+        for connection in connections:
+            if isinstance(connection, cls):
+                cycle = connection.cycle
+                if cycle is not None and not cycle.response_complete:
+                    cycle.keep_alive = False
 
     def _refuse(self, error: GatewayError) -> None:
         """Answer ``error`` in place of the request being read, stop reading and linger. A request

@@ -38,6 +38,7 @@ from gateway.errors import (
     GatewayError,
     ModelNotFound,
     PayloadTooLarge,
+    ServiceUnavailable,
     translate_upstream,
     upstream_status_error,
 )
@@ -107,6 +108,9 @@ class Proxy:
         self._not_relayed = (
             _NOT_RELAYED if server.forward_client_credentials else _NOT_RELAYED | {_SET_COOKIE}
         )
+        self.stopping = False
+        """Set when the drain time is up: a request cancelled then is ended for the client (a 503,
+        or an error event and ``[DONE]`` on a stream already started) instead of being cut."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = os.urandom(16).hex()
@@ -129,6 +133,9 @@ class Proxy:
             await self._serve(request, send)
         except asyncio.CancelledError:
             if request.disconnected and task.uncancel() == 0:
+                return
+            if self.stopping and task.uncancel() == 0:
+                await _end_at_shutdown(request, send)
                 return
             raise
         finally:
@@ -481,6 +488,20 @@ def _relay_headers(
         headers = [header for header in headers if header[0] not in named]
     headers.append((REQUEST_ID_HEADER, request_id.encode()))
     return headers
+
+
+def shutting_down() -> ServiceUnavailable:
+    return ServiceUnavailable(
+        "this gateway is shutting down; retry the request", retry_after_s=1.0, reason="draining"
+    )
+
+
+async def _end_at_shutdown(request: ProxyRequest, send: Send) -> None:
+    if not request.response_started:
+        await send_error(send, shutting_down(), request.x_request_id)
+    elif request.stream:
+        event = b"data: " + shutting_down().body() + b"\n\n" + _DONE_EVENT
+        await send({"type": "http.response.body", "body": event})
 
 
 async def send_error(send: Send, error: GatewayError, request_id: str) -> None:

@@ -84,7 +84,8 @@ async def test_no_reachable_replica_is_503_with_retry_after() -> None:
         response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
         openai_error(response, 503)
         assert int(response.headers["retry-after"]) >= 1
-        assert (await http.get("/readyz")).status_code == 503
+        assert (await http.get("/readyz")).status_code == 200, "the gateway itself can serve"
+        assert (await http.get("/fleetz")).status_code == 503
         assert (await http.get("/healthz")).status_code == 200
         await assert_idle(gw)
 
@@ -102,9 +103,10 @@ async def test_replica_dying_after_its_health_check_is_502() -> None:
             await assert_idle(gw)
 
 
-async def test_health_checks_take_a_dead_replica_out_and_readiness_follows(fleet: SimFleet) -> None:
+async def test_health_checks_take_a_dead_replica_out_and_fleetz_follows(fleet: SimFleet) -> None:
     async with running_gateway(gateway_config(fleet.urls)) as gw, httpx.AsyncClient(base_url=gw.url) as http:
-        assert (await http.get("/readyz")).json() == {"ready": True, "routable_replicas": 2}
+        fleetz = (await http.get("/fleetz")).json()
+        assert fleetz == {"ready": True, "models": {MODEL: {"routable_replicas": 2}}}
         await fleet.kill(0)
         assert await eventually(lambda: sum(r.healthy for r in gw.state.replicas.values()) == 1)
         for _ in range(4):
@@ -114,7 +116,8 @@ async def test_health_checks_take_a_dead_replica_out_and_readiness_follows(fleet
             assert response.status_code == 200
         await fleet.kill(1)
         assert await eventually(lambda: not gw.state.ready)
-        assert (await http.get("/readyz")).status_code == 503
+        assert (await http.get("/fleetz")).status_code == 503
+        assert (await http.get("/readyz")).status_code == 200
         await assert_idle(gw)
 
 

@@ -86,5 +86,5 @@ async def test_kvgate_serve_on_uvloop_proxies_the_sdk_and_returns_to_idle(tmp_pa
             assert len(values) >= 6 and all(value == 0 for value in values.values()), values
         finally:
             process.send_signal(signal.SIGTERM)
-            # uvicorn shuts down, then re-raises the signal it caught, as a process should
-            assert await asyncio.wait_for(process.wait(), 30) in (0, -signal.SIGTERM)
+            # an idle gateway drains at once after the drain delay and exits 0 (gateway.server)
+            assert await asyncio.wait_for(process.wait(), 30) == 0
