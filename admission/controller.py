@@ -183,6 +183,23 @@ class AdmissionController:
         self._promise(request, expected_s, now_s)
         return self._overload(request, expected_s, wait_budget_s, client_bound)
 
+    def retry_candidates(
+        self, request: AdmissionRequest, replicas: Sequence[ReplicaView], now_s: float
+    ) -> tuple[ReplicaView, ...]:
+        """Where a request admitted once may be retried now (its replica failed before the first
+        byte): replicas with room for its worst case and a slot per sequence under the same guard
+        ``decide`` applies, most room first. A retry already had its turn, so it skips the queue,
+        but never the guard: none fitting means no retry."""
+        cost = request.cost
+        fitting = [
+            v
+            for v in replicas
+            if _routable(v, cost.model, now_s)
+            and fits(v, cost.kv_tokens, cost.sequences, self._max_active(v))
+        ]
+        fitting.sort(key=kv_room_tokens, reverse=True)
+        return tuple(fitting)
+
     def on_capacity_freed(self, replicas: Sequence[ReplicaView], now_s: float) -> list[Dispatch]:
         """Queued requests that fit now, in queue order, removed from the queue.
 

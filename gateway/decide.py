@@ -324,11 +324,7 @@ class KvgateDecider:
 
     def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
         """Admission off: route among every healthy replica as if each had unbounded KV room."""
-        unbounded = tuple(
-            dataclasses.replace(v, capacity_kv_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
-            for v in self.views(now_s)
-        )
-        route = self._place(request, unbounded, now_s)
+        route = self._place(request, self._unbounded_views(now_s), now_s)
         pool = self.pool_of(request.model)
         if route is None:
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
@@ -337,6 +333,12 @@ class KvgateDecider:
             return Refusal(ServiceUnavailable(message, retry_after_s=retry_after_s, reason="no_replica"))
         self._metrics.count_admitted(pool, request.model, "admission_off", None)
         return route
+
+    def _unbounded_views(self, now_s: float) -> tuple[ReplicaView, ...]:
+        return tuple(
+            dataclasses.replace(v, capacity_kv_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
+            for v in self.views(now_s)
+        )
 
     async def _encode(self, request: ProxyRequest, body: Mapping[str, Any], size_bytes: int) -> list[int]:
         """The token ids of ``body``'s prompt (the request's, or one prompt of its batch): inline when
@@ -476,12 +478,15 @@ class KvgateDecider:
         now_s = self._clock()
         self._state.ledger.release(request.request_id)
         verdict = self.retry_budget.decide(now_s, len(request.tried) - 1, request.response_started)
-        if not verdict.allowed or request.routing is None:
+        if not verdict.allowed or request.routing is None or request.admission is None:
             self._metrics.count_retry(self.pool_of(request.model), verdict.reason)
             self.pump()
             return None
-        views = self.views(now_s)
-        route = self._place(request, tuple(views), now_s)
+        if self._config.enabled:
+            candidates = self.controller.retry_candidates(request.admission, self.views(now_s), now_s)
+        else:
+            candidates = self._unbounded_views(now_s)
+        route = self._place(request, candidates, now_s)
         self._metrics.count_retry(self.pool_of(request.model), "no_replica" if route is None else "retry")
         if route is None:
             self.pump()

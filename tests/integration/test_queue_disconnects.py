@@ -127,3 +127,26 @@ async def test_a_request_longer_than_the_lease_keeps_its_reservation() -> None:
         metrics = (await http.get("/metrics")).text
         assert 'kvgate_reservations_expired_total{pool="default"} 1.0' not in metrics
         await assert_idle(gw)
+
+
+async def test_a_retry_goes_only_where_admission_would_admit_it() -> None:
+    """The retry after a dead replica must respect the inter-token-latency guard: with the only
+    other replica at its guard, the retry is refused rather than pushed past it."""
+    overrides = {"warmup_s": 0, "kv_capacity_tokens": KV_CAPACITY_TOKENS, "max_num_seqs": 16}
+    async with SimFleet(replicas=2, time_scale=1.0, seed=0, overrides=overrides) as fleet:
+        settings = config(fleet.urls, max_active_sequences_per_replica=1, max_queue_wait_s=0)
+        settings = settings.model_copy(
+            update={"health": settings.health.model_copy(update={"interval_s": 60.0})}
+        )
+        async with running_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=60) as http:
+            body = {"model": MODEL, "prompt": "hold", "max_tokens": 300, "ignore_eos": True, "stream": True}
+            holder = asyncio.create_task(http.post("/v1/completions", json=body))
+            assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 1)
+            (busy,) = [r.replica.replica_id for r in gw.gateway.decider.routed_requests() if r.replica]
+            idle = next(i for i, url in enumerate(fleet.urls) if url != busy)
+            await fleet.kill(idle)
+            answer = await http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 5})
+            assert answer.status_code in (502, 503), answer.text
+            assert gw.state.ledger.load(busy).resident_sequences == 1, "the guard of one held"
+            assert (await holder).status_code == 200
+        await assert_idle(gw)
