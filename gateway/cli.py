@@ -141,6 +141,7 @@ async def _run_up(args: argparse.Namespace) -> None:
                     "max_active_sequences_per_replica": profile.max_num_seqs,
                 },
                 "routing": {"policy": "kvgate"},
+                "access_log": {"format": "text"},
             },
             {},
             "kvgate up",
