@@ -10,7 +10,8 @@ continues the trace under it; the client's own ``traceparent`` and ``tracestate`
 Only the upstream span is started while the request is served: its id must be known when the
 attempt's headers are written. Every other span is built when the request is done (the proxy's
 ``finally``), from the times the ``ProxyRequest`` already keeps, with those times as its start and
-end. With tracing off the proxy holds no ``Tracing``: no span objects, no header work.
+end. A trace sampled out builds nothing beyond its root (the replica gets the root's context, not
+sampled). With tracing off the proxy holds no ``Tracing``: no span objects, no header work.
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ class Tracing:
         """Start an attempt's upstream span; ``headers`` with its ``traceparent`` (a new list)."""
         record = request.trace
         if record is None:
-            root = self._root(request, _epoch_ns(request.started_s))
+            root = self._root(request, _epoch_ns(request.started_s, _clock_offset_ns()))
             record = request.trace = RequestTrace(root)
-        span = self._tracer.start_span(
-            "upstream", trace.set_span_in_context(record.root), kind=SpanKind.CLIENT
-        )
+        root = record.root
+        if root.is_recording():
+            span = self._tracer.start_span("upstream", trace.set_span_in_context(root), kind=SpanKind.CLIENT)
+        else:
+            span = root
         record.attempts.append((span, replica, time.monotonic()))
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, trace.set_span_in_context(span))
@@ -80,13 +83,15 @@ class Tracing:
 
     def finish(self, request: ProxyRequest, now_s: float) -> None:
         """Build the request's other spans from its times and end them all (``now_s``: monotonic)."""
-        offset_ns = time.time_ns() - time.monotonic_ns()
+        offset_ns = _clock_offset_ns()
 
         def ns(monotonic_s: float) -> int:
-            return int(monotonic_s * 1e9) + offset_ns
+            return _epoch_ns(monotonic_s, offset_ns)
 
         record = request.trace
         root = record.root if record is not None else self._root(request, ns(request.started_s))
+        if not root.is_recording():
+            return
         attempts = [] if record is None else record.attempts
         under_root = trace.set_span_in_context(root)
         arrived_s = request.arrived_s or request.started_s
@@ -113,8 +118,11 @@ class Tracing:
             last = i == len(attempts) - 1
             if not last:
                 span.set_status(Status(StatusCode.ERROR, "failed before the first byte; retried"))
-            elif request.status and request.response_started:
-                span.set_attribute("http.response.status_code", request.status)
+            else:
+                if request.response_started:
+                    span.set_attribute("http.response.status_code", request.status)
+                if request.error is not None:
+                    span.set_status(Status(StatusCode.ERROR, reason))
             span.end(ns(now_s) if last else ns(attempts[i + 1][2]))
         root.set_attributes(_attributes(request, status, reason))
         if status >= 500:
@@ -133,8 +141,13 @@ class Tracing:
         )
 
 
-def _epoch_ns(monotonic_s: float) -> int:
-    return int(monotonic_s * 1e9) + time.time_ns() - time.monotonic_ns()
+def _clock_offset_ns() -> int:
+    """Nanoseconds from the monotonic clock (the request's times) to the epoch (the spans')."""
+    return time.time_ns() - time.monotonic_ns()
+
+
+def _epoch_ns(monotonic_s: float, offset_ns: int) -> int:
+    return int(monotonic_s * 1e9) + offset_ns
 
 
 def _attributes(request: ProxyRequest, status: int, reason: str | None) -> dict[str, AttributeValue]:

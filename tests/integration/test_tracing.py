@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from gateway.server import RunningGateway, running_gateway
-from tests.integration.conftest import MODEL, assert_idle, eventually
+from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.test_gateway_credentials import RecordingReplica, config_for
 
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -125,3 +125,44 @@ async def test_a_refused_request_is_one_span_with_its_status() -> None:
     assert root.attributes["kvgate.reason"] == "unauthorized"
     assert root.status.status_code is StatusCode.UNSET, "a 4xx is the client's error, not the server span's"
     assert replica.seen("/v1/chat/completions") == []
+
+
+async def test_each_attempt_is_an_upstream_span_and_its_replica_gets_its_own_traceparent() -> None:
+    async with (
+        RecordingReplica(mode="error") as first,
+        RecordingReplica(mode="error") as second,
+    ):
+        pool = {"name": "default", "replicas": [first.url, second.url], "kv_capacity_tokens": 450000}
+        config = gateway_config([first.url, second.url], pools=[pool], tracing=TRACING)
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            exporter = recorded(gw)
+            assert (await http.post("/v1/chat/completions", json=CHAT)).status_code == 502
+            assert await eventually(
+                lambda: "POST /v1/chat/completions" in by_name(exporter.get_finished_spans())
+            )
+            await assert_idle(gw)
+    spans = by_name(exporter.get_finished_spans())
+    (root,) = spans["POST /v1/chat/completions"]
+    attempts = sorted(spans["upstream"], key=lambda s: s.start_time or 0)
+    assert len(attempts) == len(spans["route"]) == 2, "one retry on the other replica"
+    assert all(s.status.status_code is StatusCode.ERROR for s in attempts)
+    assert root.status.status_code is StatusCode.ERROR and root.attributes is not None
+    assert root.attributes["kvgate.retries"] == 1 and root.attributes["kvgate.reason"] == "upstream_error"
+    sent = [traceparent(h) for r in (first, second) for h in r.seen("/v1/chat/completions")]
+    assert sorted(parent for _, _, parent, _ in sent) == sorted(f"{s.context.span_id:016x}" for s in attempts)
+
+
+async def test_a_trace_sampled_out_records_nothing_and_tells_the_replica_so() -> None:
+    tracing = {**TRACING, "sample_ratio": 0}
+    async with (
+        RecordingReplica() as replica,
+        running_gateway(config_for(replica, tracing=tracing)) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=30) as http,
+    ):
+        exporter = recorded(gw)
+        assert (await http.post("/v1/chat/completions", json=CHAT)).status_code == 200
+        await assert_idle(gw)
+    assert exporter.get_finished_spans() == ()
+    (sent,) = replica.seen("/v1/chat/completions")
+    version, trace_id, _, flags = traceparent(sent)
+    assert version == "00" and int(trace_id, 16) != 0 and not int(flags, 16) & 1, "not sampled"
