@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
@@ -24,6 +25,7 @@ import orjson
 from admission.coordination import FailMode
 from admission.decision import RejectReason
 from config.schema import GatewayConfig
+from gateway.access_log import AccessLog
 from gateway.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from gateway.autoscale_loop import GatewayRecommender
 from gateway.coordination import RedisCoordinator
@@ -48,6 +50,9 @@ from gateway.state import GatewayState
 from gateway.upstream import create_session
 from gateway.work import FleetWork
 from routing.replica import ReplicaLoad
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
 
 COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 SIGNALS_PATH = "/signals"
@@ -92,6 +97,11 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._client: ReplicaClient | None = None
         self._proxy: Proxy | None = None
+        self.tracing: Tracing | None = None
+        if config.tracing.enabled:
+            from gateway.tracing import Tracing
+
+            self.tracing = Tracing(config.tracing)
         self._tasks: list[asyncio.Task[None]] = []
         self._pump: asyncio.Task[None] | None = None
         self.draining = False
@@ -143,7 +153,12 @@ class Gateway:
             keepalive_s=server.keepalive_s,
             limit=server.upstream_connections,
         )
-        self._proxy = Proxy(self.state, self.decider, self._client, server)
+        access_log = (
+            AccessLog(self.config.access_log, self.decider.pool_of)
+            if self.config.access_log.enabled
+            else None
+        )
+        self._proxy = Proxy(self.state, self.decider, self._client, server, access_log, self.tracing)
         discoveries = [
             DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
         ]
@@ -182,6 +197,8 @@ class Gateway:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self.tracing is not None:
+            self.tracing.shutdown()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._refusing and scope["type"] == "http":

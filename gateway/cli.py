@@ -233,6 +233,7 @@ async def _run_up(args: argparse.Namespace, autoscaler: AutoscalerConfig | None)
                 },
                 "routing": {"policy": "kvgate"},
                 "autoscaler": None if autoscaler is None else autoscaler.model_dump(mode="json"),
+                "access_log": {"format": "text"},
             },
             {},
             "kvgate up",

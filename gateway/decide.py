@@ -238,6 +238,7 @@ class KvgateDecider:
         tenant = self.controller.tenants.identify(_bearer_key(request.headers))
         if tenant is None:
             return Refusal(Unauthorized("Incorrect API key provided.", reason="unauthorized"))
+        request.tenant = tenant.name
         if not self._forward_credentials:
             request.upstream_headers = [
                 h for h in request.upstream_headers if h[0] not in _CLIENT_CREDENTIALS
@@ -388,9 +389,8 @@ class KvgateDecider:
         finally:
             self._waiting.pop(queued.ticket, None)
             self._state.queued = len(self._waiting)
-        self._metrics.observe_queue_wait(
-            self.pool_of(request.model), request.model, self._clock() - request.arrived_s
-        )
+        request.queue_wait_s = self._clock() - request.arrived_s
+        self._metrics.observe_queue_wait(self.pool_of(request.model), request.model, request.queue_wait_s)
         return outcome
 
     def pump(self) -> None:
@@ -537,6 +537,7 @@ class KvgateDecider:
         window does not lag by the whole generation; a whole response's goes with its other
         measurements in ``finished`` (one metrics call)."""
         self._state.ledger.first_token(request.request_id)
+        request.first_token_s = now_s
         ttft_s = now_s - request.arrived_s
         if request.stream:
             self._metrics.observe_ttft(replica.pool, request.model, ttft_s)

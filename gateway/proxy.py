@@ -27,7 +27,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -44,6 +44,10 @@ from gateway.errors import (
 )
 from gateway.replica_http import ReplicaClient, ReplicaResponse
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
+
+if TYPE_CHECKING:
+    from gateway.access_log import AccessLog
+    from gateway.tracing import Tracing
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -98,12 +102,20 @@ _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
 class Proxy:
     def __init__(
-        self, state: GatewayState, decider: KvgateDecider, client: ReplicaClient, server: Server
+        self,
+        state: GatewayState,
+        decider: KvgateDecider,
+        client: ReplicaClient,
+        server: Server,
+        access_log: AccessLog | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._state = state
         self._decider = decider
         self._metrics = decider.metrics
         self._client = client
+        self._access_log = access_log
+        self._tracing = tracing
         self._max_body_bytes = server.max_body_bytes
         self._not_relayed = (
             _NOT_RELAYED if server.forward_client_credentials else _NOT_RELAYED | {_SET_COOKIE}
@@ -113,6 +125,7 @@ class Proxy:
         or an error event and ``[DONE]`` on a stream already started) instead of being cut."""
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started_s = time.monotonic()
         request_id = os.urandom(16).hex()
         x_request_id, content_length, forward = _scan_headers(scope["headers"])
         x_request_id = x_request_id or request_id
@@ -122,9 +135,14 @@ class Proxy:
                 return
             request = self._parse(scope["path"], raw, request_id, x_request_id, forward)
         except GatewayError as exc:
-            self._metrics.count_error(exc)
-            await send_error(send, exc, x_request_id)
+            unread = ProxyRequest(request_id, x_request_id, scope["path"], "", False, {}, b"", forward, [])
+            unread.started_s = started_s
+            try:
+                await self._refuse(send, unread, exc)
+            finally:
+                self._done(unread)
             return
+        request.started_s = started_s
         task = asyncio.current_task()
         assert task is not None
         watcher = asyncio.ensure_future(receive())
@@ -141,12 +159,27 @@ class Proxy:
         finally:
             request.finished = True
             watcher.cancel()
+            self._done(request)
+
+    def _done(self, request: ProxyRequest) -> None:
+        """Record the finished request, once: its spans and its access-log line."""
+        now_s = time.monotonic()
+        if self._tracing is not None:
+            self._tracing.finish(request, now_s)
+        if self._access_log is not None:
+            self._access_log.write(request, now_s)
+
+    async def _refuse(self, send: Send, request: ProxyRequest, error: GatewayError) -> None:
+        """Answer ``request`` with ``error``: counted, kept for its record, rendered."""
+        self._metrics.count_error(error)
+        request.status = error.status
+        request.error = error
+        await send_error(send, error, request.x_request_id)
 
     async def _serve(self, request: ProxyRequest, send: Send) -> None:
         outcome = await self._decider.decide(request)
         if isinstance(outcome, Refusal):
-            self._metrics.count_error(outcome.error)
-            await send_error(send, outcome.error, request.x_request_id)
+            await self._refuse(send, request, outcome.error)
             return
         route: Route = outcome
         state = self._state
@@ -165,8 +198,7 @@ class Proxy:
                     return
                 retry = self._decider.retry(request, failure)
                 if retry is None:
-                    self._metrics.count_error(failure)
-                    await send_error(send, failure, request.x_request_id)
+                    await self._refuse(send, request, failure)
                     return
                 route = retry
         finally:
@@ -183,6 +215,8 @@ class Proxy:
         if replica.authorization is not None:
             upstream_headers = [h for h in upstream_headers if h[0] != _AUTHORIZATION]
             upstream_headers.append((_AUTHORIZATION, replica.authorization))
+        if self._tracing is not None:
+            upstream_headers = self._tracing.upstream(request, replica, upstream_headers)
         try:
             response = await self._client.post(
                 replica_url,
@@ -207,6 +241,7 @@ class Proxy:
                 headers.append((b"content-length", str(len(body)).encode()))
                 request.response_started = True
                 self._metrics.count_relayed(status)
+                request.status = status
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 if status == 200:
@@ -215,6 +250,7 @@ class Proxy:
                 return None
             request.response_started = True
             self._metrics.count_relayed(status)
+            request.status = status
             await send({"type": "http.response.start", "status": status, "headers": headers})
             itl_s, gaps_s = await self._stream(request, replica, response, send)
             decider.observe(replica, status)
@@ -229,6 +265,7 @@ class Proxy:
                 decider.observe(replica, None)
             if not request.response_started:
                 return error
+            request.error = error
             await send(
                 {
                     "type": "http.response.body",
@@ -497,10 +534,13 @@ def shutting_down() -> ServiceUnavailable:
 
 
 async def _end_at_shutdown(request: ProxyRequest, send: Send) -> None:
+    error = shutting_down()
+    request.error = error
     if not request.response_started:
-        await send_error(send, shutting_down(), request.x_request_id)
+        request.status = error.status
+        await send_error(send, error, request.x_request_id)
     elif request.stream:
-        event = b"data: " + shutting_down().body() + b"\n\n" + _DONE_EVENT
+        event = b"data: " + error.body() + b"\n\n" + _DONE_EVENT
         await send({"type": "http.response.body", "body": event})
 
 

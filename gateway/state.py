@@ -10,13 +10,17 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from admission.decision import AdmissionRequest
 from admission.ledger import InMemoryLedger
 from config.schema import GatewayConfig, Model, Pool
 from routing.replica import ReplicaLoad, Role, ScrapedMetrics
 from routing.request import RoutingRequest
+
+if TYPE_CHECKING:
+    from gateway.errors import GatewayError
+    from gateway.tracing import RequestTrace
 
 
 def replica_name(pool: str, url: str) -> str:
@@ -111,6 +115,21 @@ class ProxyRequest:
     ttft_s: float | None = None
     """A non-streamed response's time to first token, until the metrics hear it (with the rest of
     the response's measurements, or at release when sending it to the client failed)."""
+    started_s: float = 0.0
+    """When the gateway began reading the request (monotonic seconds): where its access-log
+    duration and its trace start."""
+    tenant: str | None = None
+    """The tenant's name, once the bearer key identified one."""
+    queue_wait_s: float | None = None
+    """Seconds from arrival until the admission queue let the request go; None: never queued."""
+    first_token_s: float | None = None
+    """When the first token reached the client (the decider's clock)."""
+    status: int = 0
+    """The HTTP status the client was answered with; 0 until then."""
+    error: GatewayError | None = None
+    """What went wrong, when the gateway answered with an error or ended a stream with one."""
+    trace: RequestTrace | None = None
+    """The request's spans while it is served, when tracing is on."""
 
 
 @dataclass(slots=True, eq=False)

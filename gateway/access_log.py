@@ -1,0 +1,127 @@
+"""The access log: one line per request on the completion routes, written to stderr when it is done.
+
+The proxy calls ``AccessLog.write`` once per request, in its ``finally``, and the line is built from
+what the ``ProxyRequest`` already holds: both ids (the gateway's ``request_id`` and the client's
+``X-Request-Id`` label), tenant, model, pool, the replica by its name (never its URL), prompt
+tokens as estimated and as the replica counted them, the output cap priced, tokens produced, queue
+wait, time to first token, duration, status, reason and retries. It never holds a header value, a
+body or a replica address, so no credential or prompt can reach it.
+
+Sampling keeps ``sample_ratio`` of the successes; a refusal, an error and a request that ended with
+a reason (the client left, the replica failed after the first byte) are always written. structlog
+renders the line (orjson for json, with the time in seconds since the epoch; logfmt for text, with
+an ISO 8601 time) and writes it with one ``write`` call, flushed, so lines from concurrent requests
+never interleave.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import structlog
+from structlog.typing import EventDict
+
+from config.schema import AccessLog as AccessLogConfig
+from gateway.errors import (
+    BadGateway,
+    GatewayError,
+    GatewayTimeout,
+    InternalError,
+    ModelNotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TooManyRequests,
+)
+from gateway.state import ProxyRequest
+
+CLIENT_CLOSED_REQUEST = 499
+"""The status logged for a client that left before any answer (NGINX's convention)."""
+_TEXT_ORDER = ["timestamp", "event", "status", "reason", "request_id", "x_request_id", "model", "replica"]
+_REASON_OF_ERROR: tuple[tuple[type[GatewayError], str], ...] = (
+    (GatewayTimeout, "upstream_timeout"),
+    (BadGateway, "upstream_error"),
+    (ServiceUnavailable, "upstream_unavailable"),
+    (TooManyRequests, "upstream_saturated"),
+    (PayloadTooLarge, "payload_too_large"),
+    (ModelNotFound, "model_not_found"),
+    (InternalError, "internal_error"),
+)
+"""The reason of an error the gateway gave none (it decided nothing: a replica's failure, a body it
+could not read), by its class; any other is ``invalid_request``."""
+
+
+def reason_of(error: GatewayError) -> str:
+    if error.reason is not None:
+        return error.reason
+    for kind, reason in _REASON_OF_ERROR:
+        if isinstance(error, kind):
+            return reason
+    return "invalid_request"
+
+
+def outcome(request: ProxyRequest) -> tuple[int, str | None]:
+    """The status the client got and why, if there is a why: the error's reason, or
+    ``client_disconnected``. A client that left before any answer is 499; a request that ended
+    without one otherwise (an exception in the gateway) is the 500 the server then sends."""
+    reason = None if request.error is None else reason_of(request.error)
+    if request.disconnected and reason is None:
+        reason = "client_disconnected"
+    status = request.status or (CLIENT_CLOSED_REQUEST if request.disconnected else 500)
+    if status == 500 and reason is None:
+        reason = "internal_error"
+    return status, reason
+
+
+class AccessLog:
+    """structlog's processors and its ``BytesLogger`` sink, called directly: a bound logger (context
+    binding, level filtering, neither of use to a line that is always the same event) doubled the
+    cost of a line, measured at 13 µs against 7 µs (docs/gateway.md, "Access logs")."""
+
+    def __init__(self, config: AccessLogConfig, pool_of: Callable[[str], str]) -> None:
+        self._render: Callable[[Any, str, EventDict], str | bytes]
+        if config.format == "json":
+            self._stamp = structlog.processors.TimeStamper(fmt=None)
+            self._render = structlog.processors.JSONRenderer(serializer=orjson.dumps)
+        else:
+            self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+            self._render = structlog.processors.LogfmtRenderer(key_order=_TEXT_ORDER, bool_as_flag=False)
+        self._sink = structlog.BytesLogger(sys.stderr.buffer)
+        self._sample_ratio = config.sample_ratio
+        self._pool_of = pool_of
+
+    def write(self, request: ProxyRequest, now_s: float) -> None:
+        """Log the finished ``request`` (``now_s``: monotonic seconds), unless sampled out."""
+        status, reason = outcome(request)
+        ratio = self._sample_ratio
+        if reason is None and status < 400 and ratio < 1.0 and random.random() >= ratio:
+            return
+        admission = request.admission
+        replica = request.replica
+        first_token_s = request.first_token_s
+        event: dict[str, Any] = {
+            "event": "access",
+            "request_id": request.request_id,
+            "x_request_id": request.x_request_id,
+            "endpoint": request.endpoint,
+            "stream": request.stream,
+            "tenant": request.tenant,
+            "model": request.model or None,
+            "pool": replica.pool if replica is not None else (self._pool_of(request.model) or None),
+            "replica": None if replica is None else replica.name,
+            "prompt_tokens_estimated": None if admission is None else admission.cost.prompt_tokens,
+            "prompt_tokens": request.prompt_tokens,
+            "max_output_tokens": None if admission is None else admission.cost.max_output_tokens,
+            "completion_tokens": request.completion_tokens,
+            "queue_wait_s": request.queue_wait_s or 0.0,
+            "ttft_s": None if first_token_s is None else first_token_s - request.arrived_s,
+            "duration_s": now_s - request.started_s,
+            "status": status,
+            "reason": reason,
+            "retries": max(0, len(request.tried) - 1),
+        }
+        line = self._render(None, "info", self._stamp(None, "info", event))
+        self._sink.msg(line if isinstance(line, bytes) else line.encode())
