@@ -93,8 +93,30 @@ class Server(Section):
         default=60.0,
         gt=0,
         description=(
-            "Seconds allowed between two reads of a request body (not for the whole body); then a 408 "
-            "and the connection is closed. As NGINX client_body_timeout. Default 60. Example: 20"
+            "Seconds allowed between two reads of a request body, and the whole body's allowance before "
+            "body_min_rate_bytes_per_s extends it; then a 408 and the connection is closed. As NGINX "
+            "client_body_timeout. Default 60. Example: 20"
+        ),
+    )
+    body_min_rate_bytes_per_s: float = Field(
+        default=500.0,
+        ge=0,
+        description=(
+            "Slowest a request body may arrive on average: the whole body must be in within "
+            "body_timeout_s plus one second per this many bytes received, so a client trickling a "
+            "byte just inside every body_timeout_s is still cut (408). 0 turns the rate off. As "
+            "Apache mod_reqtimeout MinRate. Default 500. Example: 1000"
+        ),
+    )
+    client_send_buffer_bytes: int = Field(
+        default=131072,
+        ge=0,
+        description=(
+            "Kernel send buffer of each client connection (SO_SNDBUF; Linux doubles it for its own "
+            "bookkeeping). Bounded, so a client that stops reading is noticed (send_timeout_s) once "
+            "this much is unread rather than once the kernel's autotuned buffer (up to 4 MiB) is full, "
+            "and each such client costs the kernel at most this; token streams need far less. 0 keeps "
+            "the operating system's autotuning. Default 131072. Example: 262144"
         ),
     )
     send_timeout_s: float = Field(

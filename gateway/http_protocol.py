@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -65,7 +66,9 @@ class _Refused(Exception):
 class EdgeLimits:
     header_timeout_s: float
     body_timeout_s: float
+    body_min_rate_bytes_per_s: float
     send_timeout_s: float
+    send_buffer_bytes: int
     max_connections: int
     max_header_bytes: int
     max_headers: int
@@ -108,7 +111,9 @@ def edge_protocol(server: Server) -> type[EdgeProtocol]:
     limits = EdgeLimits(
         header_timeout_s=server.header_timeout_s,
         body_timeout_s=server.body_timeout_s,
+        body_min_rate_bytes_per_s=server.body_min_rate_bytes_per_s,
         send_timeout_s=server.send_timeout_s,
+        send_buffer_bytes=server.client_send_buffer_bytes,
         max_connections=cap,
         max_header_bytes=server.max_header_bytes,
         max_headers=server.max_headers,
@@ -134,7 +139,9 @@ def _rendered(error: GatewayError) -> tuple[bytes, bytes]:
 
 class EdgeProtocol(HttpToolsProtocol):
     __slots__ = (
+        "_body_bytes",
         "_body_read_at",
+        "_body_since",
         "_header_room",
         "_linger",
         "_max_header_bytes",
@@ -164,6 +171,8 @@ class EdgeProtocol(HttpToolsProtocol):
         self._max_headers = self.limits.max_headers
         self._max_header_bytes = self._header_room = self.limits.max_header_bytes
         self._body_read_at = 0.0
+        self._body_since = 0.0
+        self._body_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         """The header or the body timer: one phase at a time."""
         self._send_timer: asyncio.TimerHandle | None = None
@@ -181,6 +190,10 @@ class EdgeProtocol(HttpToolsProtocol):
             self._write_refusal(error)
             transport.close()
             return
+        if limits.send_buffer_bytes:
+            sock = transport.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, limits.send_buffer_bytes)
         self._timer = self.loop.call_later(limits.header_timeout_s, self._on_header_timeout)
         self.idle[self] = None
 
@@ -197,6 +210,7 @@ class EdgeProtocol(HttpToolsProtocol):
         phase = self._phase
         if phase == _BODY:
             self._body_read_at = self.loop.time()
+            self._body_bytes += len(data)
         elif phase == _REFUSED:
             return
         else:
@@ -219,7 +233,8 @@ class EdgeProtocol(HttpToolsProtocol):
             if self._phase == _HEADERS:
                 self._timer = self.loop.call_later(self.limits.header_timeout_s, self._on_header_timeout)
             elif self._phase == _BODY:
-                self._body_read_at = self.loop.time()
+                self._body_read_at = self._body_since = self.loop.time()
+                self._body_bytes = 0
                 self._timer = self.loop.call_later(self.limits.body_timeout_s, self._on_body_timeout)
 
     def _feed(self, data: bytes) -> None:
@@ -299,7 +314,16 @@ class EdgeProtocol(HttpToolsProtocol):
         if self.flow.read_paused:
             self._timer = self.loop.call_later(timeout_s, self._on_body_timeout)
             return
-        left_s = self._body_read_at + timeout_s - self.loop.time()
+        now = self.loop.time()
+        left_s = self._body_read_at + timeout_s - now
+        rate = self.limits.body_min_rate_bytes_per_s
+        if rate:
+            allowed_s = self._body_since + timeout_s + self._body_bytes / rate - now
+            if allowed_s <= 0 < left_s:
+                self._timer = None
+                self._refuse(RequestTimeout(f"request body arrived slower than {rate:g} bytes/s"))
+                return
+            left_s = min(left_s, allowed_s)
         if left_s > 0:
             self._timer = self.loop.call_later(left_s, self._on_body_timeout)
             return

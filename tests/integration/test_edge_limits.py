@@ -170,8 +170,8 @@ async def test_a_request_answered_before_its_body_arrived_gets_no_second_answer(
 
 
 async def test_a_body_that_keeps_coming_outlasts_the_body_timeout(fleet: SimFleet) -> None:
-    """The body timeout is between two reads, not for the whole body."""
-    async with running_gateway(edge_config(fleet, body_timeout_s=1.0)) as gw:
+    """The body timeout is between two reads, not for the whole body (at a rate above the minimum)."""
+    async with running_gateway(edge_config(fleet, body_timeout_s=1.0, body_min_rate_bytes_per_s=8)) as gw:
         reader, writer = await connect(gw)
         raw = request(SMALL_REQUEST)
         cut = raw.index(b"\r\n\r\n") + 4
@@ -181,6 +181,42 @@ async def test_a_body_that_keeps_coming_outlasts_the_body_timeout(fleet: SimFlee
             await asyncio.sleep(0.25)
         status, _, _ = await read_response(reader)
         assert status == 200
+        await close_all([(reader, writer)])
+        await assert_idle(gw)
+
+
+async def test_a_body_trickled_below_the_minimum_rate_gets_408_though_no_gap_is_long(fleet: SimFleet) -> None:
+    """A byte every 0.2 s never trips a 1 s timeout between reads; the minimum rate cuts it."""
+    config = edge_config(fleet, body_timeout_s=1.0, body_min_rate_bytes_per_s=100)
+    async with running_gateway(config) as gw:
+        reader, writer = await connect(gw)
+        raw = request({**SMALL_REQUEST, "prompt": "x" * 400})
+        cut = raw.index(b"\r\n\r\n") + 4
+        writer.write(raw[:cut])
+        answered = asyncio.create_task(read_response(reader))
+        for i in range(cut, len(raw)):
+            if answered.done():
+                break
+            with contextlib.suppress(ConnectionError):
+                writer.write(raw[i : i + 1])
+            await asyncio.sleep(0.2)
+        assert answered.done(), "the body was cut before it all arrived"
+        status, _, body = answered.result()
+        assert status == 408 and b"slower than 100 bytes/s" in body
+        await close_all([(reader, writer)])
+        assert all(not any(r.engine.stats.request_success.values()) for r in fleet.replicas)
+        await assert_idle(gw)
+
+
+async def test_each_client_connection_has_a_bounded_send_buffer(fleet: SimFleet) -> None:
+    """So a client that stops reading is noticed once that much is unread, not after megabytes."""
+    async with running_gateway(edge_config(fleet, client_send_buffer_bytes=65536)) as gw:
+        reader, writer = await connect(gw)
+        writer.write(request(SMALL_REQUEST))
+        assert (await read_response(reader))[0] == 200
+        (protocol,) = gw.server.server_state.connections
+        sock = protocol.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == 2 * 65536, "Linux doubles it"
         await close_all([(reader, writer)])
         await assert_idle(gw)
 
