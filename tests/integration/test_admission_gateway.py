@@ -71,7 +71,10 @@ async def test_overload_is_429_with_both_retry_headers_and_a_reason() -> None:
 
 
 async def test_the_openai_sdk_honouring_retry_after_gets_through() -> None:
-    async with small_fleet() as fleet, running_gateway(config_for(fleet, max_queue_wait_s=0)) as gw:
+    async with (
+        small_fleet() as fleet,
+        running_gateway(config_for(fleet, max_queue_wait_s=0, default_inter_token_s=0.003)) as gw,
+    ):
         client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="unused")
         async with client:
             answers = await asyncio.gather(

@@ -68,24 +68,23 @@ async def test_a_waiter_cancelled_just_before_the_pump_runs_is_not_routed_and_no
 async def test_a_storm_of_queued_clients_hanging_up_returns_every_gauge_to_zero() -> None:
     overrides = {"warmup_s": 0, "kv_capacity_tokens": KV_CAPACITY_TOKENS, "max_num_seqs": 16}
     async with (
-        SimFleet(replicas=1, time_scale=1.0, seed=0, overrides=overrides) as fleet,
+        SimFleet(replicas=1, time_scale=0.5, seed=0, overrides=overrides) as fleet,
         running_gateway(config(fleet.urls)) as gw,
     ):
         hold = {"model": MODEL, "prompt": "hold", "max_tokens": 990, "ignore_eos": True}
         small = {**hold, "max_tokens": 100}
         limits = httpx.Limits(max_connections=400)
         async with httpx.AsyncClient(base_url=gw.url, timeout=120, limits=limits) as http:
-            for _ in range(2):
-                holders = [asyncio.create_task(http.post("/v1/completions", json=hold)) for _ in range(4)]
-                assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 4)
-                storm = [asyncio.create_task(http.post("/v1/completions", json=small)) for _ in range(150)]
-                assert await eventually(lambda: gw.state.queued == 150, timeout_s=30)
-                for task in storm:
-                    task.cancel()
-                answers = await asyncio.gather(*holders)
-                assert all(answer.status_code == 200 for answer in answers)
-                await asyncio.gather(*storm, return_exceptions=True)
-                await assert_idle(gw)
+            holders = [asyncio.create_task(http.post("/v1/completions", json=hold)) for _ in range(4)]
+            assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 4)
+            storm = [asyncio.create_task(http.post("/v1/completions", json=small)) for _ in range(150)]
+            assert await eventually(lambda: gw.state.queued == 150, timeout_s=30)
+            for task in storm:
+                task.cancel()
+            answers = await asyncio.gather(*holders)
+            assert all(answer.status_code == 200 for answer in answers)
+            await asyncio.gather(*storm, return_exceptions=True)
+            await assert_idle(gw)
 
 
 async def test_an_expired_lease_releases_a_leaked_reservation_counts_it_and_logs_it(
