@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from config.loader import EXAMPLES_DIR
-
-KVGATE = str(Path(sys.executable).parent / "kvgate")
+from tests.integration.processes import KVGATE
 
 
 def kvgate(*argv: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:

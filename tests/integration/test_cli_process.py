@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import io
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import httpx
-import orjson
 
 from config.autoscaler import AutoscalerConfig
 from gateway.autoscale_actuators import LogActuator
@@ -23,38 +21,28 @@ from gateway.server import running_gateway
 from loadtest.client import wait_until_ok
 from loadtest.sim.fleet import SimFleet, free_port
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-
-KVGATE = str(Path(sys.executable).parent / "kvgate")
-
-
-async def stop(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> int:
-    process.send_signal(sig)
-    return await asyncio.wait_for(process.wait(), 30)
+from tests.integration.processes import KVGATE, serving_process, stop
 
 
 async def test_serve_listens_on_the_host_and_port_the_flags_give(tmp_path: Path) -> None:
     async with SimFleet(replicas=1, time_scale=0.0) as fleet:
         file_port, flag_port = free_port(), free_port()
         config = {
-            "server": {"host": "127.0.0.1", "port": file_port},
+            "server": {"host": "127.0.0.1", "port": file_port, "drain_delay_s": 0},
             "models": [{"name": MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
             "pools": [{"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": 450000}],
         }
-        config_file = tmp_path / "kvgate.yaml"
-        config_file.write_bytes(orjson.dumps(config))
-        process = await asyncio.create_subprocess_exec(
-            KVGATE, "serve", "--config", str(config_file), "--host", "127.0.0.1", "--port", str(flag_port)
-        )
-        try:
-            async with aiohttp.ClientSession() as http:
-                await wait_until_ok(http, f"http://127.0.0.1:{flag_port}/readyz")
-                try:
-                    async with http.get(f"http://127.0.0.1:{file_port}/readyz"):
-                        raise AssertionError("the gateway also listens on the file's port")
-                except aiohttp.ClientConnectionError:
-                    pass
-        finally:
-            assert await stop(process) in (0, -signal.SIGTERM)
+        flags = ("--host", "127.0.0.1", "--port", str(flag_port))
+        async with (
+            serving_process(tmp_path, config, *flags, port=flag_port) as (_, process),
+            aiohttp.ClientSession() as http,
+        ):
+            try:
+                async with http.get(f"http://127.0.0.1:{file_port}/readyz"):
+                    raise AssertionError("the gateway also listens on the file's port")
+            except aiohttp.ClientConnectionError:
+                pass
+            assert await stop(process) == 0
 
 
 async def stream_story(http: httpx.AsyncClient) -> bytes:

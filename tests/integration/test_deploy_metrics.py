@@ -10,18 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import re
-import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import openai
 import orjson
 
-from loadtest.client import wait_until_ok
 from loadtest.sim.fleet import SimFleet, free_port
-from tests.integration.test_serve_process import gauges
+from tests.integration.processes import assert_process_idle, sdk_traffic, serving_process, stop
 from tests.unit.test_deploy import OVERLAYS, base_gateway_config, queried_selectors, render, unmatched
 
 RARE = frozenset(
@@ -59,7 +55,7 @@ async def scrape(http: aiohttp.ClientSession, urls: list[str]) -> dict[str, list
 def adapted(base: dict[str, Any], port: int, replica_urls: list[str]) -> dict[str, Any]:
     """The base config, listening on loopback and with the simulated replicas as each pool's."""
     config = orjson.loads(orjson.dumps(base))
-    config["server"] = {**config["server"], "host": "127.0.0.1", "port": port}
+    config["server"] = {**config["server"], "host": "127.0.0.1", "port": port, "drain_delay_s": 0}
     for pool in config["pools"]:
         pool.pop("dns")
         pool["replicas"] = replica_urls
@@ -81,47 +77,17 @@ async def test_every_metric_the_manifests_query_is_exported_with_the_base_config
     model = base["models"][0]["name"]
     async with SimFleet(replicas=2, model=model, time_scale=0.0) as fleet:
         port = free_port()
-        config_file = tmp_path / "kvgate.yaml"
-        config_file.write_bytes(orjson.dumps(adapted(base, port, fleet.urls)))  # JSON is YAML
-        process = await asyncio.create_subprocess_exec(
-            str(Path(sys.executable).parent / "kvgate"), "serve", "--config", str(config_file)
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            async with aiohttp.ClientSession() as http:
-                await wait_until_ok(http, url + "/readyz")
-                client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-                answers = await asyncio.gather(
-                    *(
-                        client.chat.completions.create(
-                            model=model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=8
-                        )
-                        for i in range(8)
-                    )
-                )
-                assert all(a.usage is not None and a.usage.completion_tokens == 8 for a in answers)
-                stream = await client.completions.create(
-                    model=model,
-                    prompt="tell a story",
-                    max_tokens=16,
-                    stream=True,
-                    extra_body={"ignore_eos": True},
-                )
-                assert sum(1 for chunk in [c async for c in stream] if chunk.choices) == 16
-                await client.close()
-                # the gateway scrapes the replicas on its own period: wait for their occupancy
-                for _ in range(300):
-                    problems = unmatched(selectors, await scrape(http, [url, *fleet.urls]), RARE)
-                    if not problems:
-                        break
-                    await asyncio.sleep(0.1)
-                assert problems == [], "\n".join(problems)
-                for _ in range(100):
-                    values = await gauges(url)
-                    if values and all(value == 0 for value in values.values()):
-                        break
-                    await asyncio.sleep(0.05)
-                assert len(values) >= 6 and all(value == 0 for value in values.values()), values
-        finally:
-            process.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(process.wait(), 30) in (0, -signal.SIGTERM)
+        async with (
+            serving_process(tmp_path, adapted(base, port, fleet.urls)) as (url, process),
+            aiohttp.ClientSession() as http,
+        ):
+            await sdk_traffic(url, model, chats=8, stream_tokens=16)
+            # the gateway scrapes the replicas on its own period: wait for their occupancy
+            for _ in range(300):
+                problems = unmatched(selectors, await scrape(http, [url, *fleet.urls]), RARE)
+                if not problems:
+                    break
+                await asyncio.sleep(0.1)
+            assert problems == [], "\n".join(problems)
+            await assert_process_idle(url)
+            assert await stop(process) == 0

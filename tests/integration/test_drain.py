@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,19 +20,20 @@ import orjson
 
 from config.schema import GatewayConfig
 from gateway.server import RunningGateway, running_gateway
-from loadtest.client import wait_until_ok
 from loadtest.sim.fleet import SimFleet, free_port
+from tests.integration import processes
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from tests.integration.test_serve_process import gauges
+from tests.integration.processes import gauges
 
 TIME_SCALE = 4.0
 """Simulated decode steps of about 10 ms take 40 ms: a stream of 100 tokens lasts about 4 s."""
 
 
 @asynccontextmanager
-async def serving_process(
+async def kvgate_serve(
     tmp_path: Path, urls: list[str], **server: Any
 ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
+    """``kvgate serve`` in front of ``urls`` with ``server`` settings (the drain's)."""
     port = free_port()
     config = {
         "server": {"host": "127.0.0.1", "port": port, **server},
@@ -41,20 +41,8 @@ async def serving_process(
         "models": [{"name": MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
         "pools": [{"name": "default", "replicas": urls, "kv_capacity_tokens": 450000}],
     }
-    config_file = tmp_path / "kvgate.yaml"
-    config_file.write_bytes(orjson.dumps(config))
-    process = await asyncio.create_subprocess_exec(
-        str(Path(sys.executable).parent / "kvgate"), "serve", "--config", str(config_file)
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with aiohttp.ClientSession() as http:
-            await wait_until_ok(http, url + "/readyz")
-        yield url, process
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    async with processes.serving_process(tmp_path, config) as served:
+        yield served
 
 
 async def open_stream(http: aiohttp.ClientSession, url: str, max_tokens: int) -> aiohttp.ClientResponse:
@@ -100,7 +88,7 @@ async def completion(http: aiohttp.ClientSession, url: str) -> tuple[int, Any, b
 async def test_sigterm_fails_readiness_then_lets_streams_finish_and_exits_0(tmp_path: Path) -> None:
     async with (
         SimFleet(replicas=2, time_scale=TIME_SCALE) as fleet,
-        serving_process(tmp_path, fleet.urls, drain_delay_s=2.0, drain_timeout_s=120.0) as (url, process),
+        kvgate_serve(tmp_path, fleet.urls, drain_delay_s=2.0, drain_timeout_s=120.0) as (url, process),
         aiohttp.ClientSession() as http,
     ):
         streams = [await open_stream(http, url, max_tokens=100) for _ in range(4)]
@@ -139,7 +127,7 @@ async def test_sigterm_fails_readiness_then_lets_streams_finish_and_exits_0(tmp_
 async def test_streams_past_the_drain_timeout_end_with_an_error_event_and_done(tmp_path: Path) -> None:
     async with (
         SimFleet(replicas=2, time_scale=TIME_SCALE) as fleet,
-        serving_process(tmp_path, fleet.urls, drain_delay_s=0.2, drain_timeout_s=0.5) as (url, process),
+        kvgate_serve(tmp_path, fleet.urls, drain_delay_s=0.2, drain_timeout_s=0.5) as (url, process),
         aiohttp.ClientSession() as http,
     ):
         streams = [await open_stream(http, url, max_tokens=2000) for _ in range(3)]
