@@ -41,18 +41,11 @@ from config.schema import GatewayConfig
 from gateway.server import RunningGateway, running_gateway
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
+from tests.integration.processes import WORK_GAUGES
 
 ROUTES = ("/v1/chat/completions", "/v1/completions")
 ANSWER_TIMEOUT_S = 15.0
 KV_CAPACITY_TOKENS = 12000
-WORK_GAUGES = (
-    "kvgate_queued_requests",
-    "kvgate_queued_prompt_tokens",
-    "kvgate_pending_prompt_tokens",
-    "kvgate_prefill_work_tokens",
-    "kvgate_resident_sequences",
-    "kvgate_remaining_decode_tokens",
-)
 ERROR_KEYS = frozenset({"message", "type", "param", "code"})
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
