@@ -166,6 +166,6 @@ def retry_count(headers: Mapping[str, str]) -> int | None:
     """Earlier attempts by the client's own count (``x-stainless-retry-count``, sent by the openai
     SDKs on every attempt); None when absent or not a count. ``headers`` has lower-case names."""
     raw = headers.get(RETRY_COUNT_HEADER)
-    if raw is None or not (raw.isascii() and raw.isdigit()):
+    if raw is None or len(raw) > 9 or not (raw.isascii() and raw.isdigit()):
         return None
     return int(raw)

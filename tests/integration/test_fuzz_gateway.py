@@ -201,7 +201,7 @@ _HEADER_VALUES: dict[bytes, st.SearchStrategy[bytes]] = {
         [b"application/json", b"text/plain", b"application/json; charset=utf-16", b"multipart/x", b"\xff"]
     ),
     b"x-stainless-retry-count": st.sampled_from(
-        [b"0", b"1", b"-1", b"abc", b"1.5", b"99999999999999999999999", b"\xb2", b"\xb9", b"+1"]
+        [b"0", b"1", b"-1", b"abc", b"1.5", b"99999999999999999999999", b"\xb2", b"\xb9", b"+1", b"9" * 5000]
     ),
     b"x-request-timeout-ms": st.sampled_from(
         [b"0", b"-5", b"abc", b"nan", b"inf", b"1e309", b"1e-300", b"0.001", b"10", b"1" * 400]
@@ -356,6 +356,7 @@ def _plain(headers: list[tuple[bytes, bytes]], route: str = ROUTES[0]) -> list[A
 @_SETTINGS
 @given(batch=st.lists(attempts(), min_size=1, max_size=3))
 @example(batch=_plain([(b"x-stainless-retry-count", b"\xb2")]))
+@example(batch=_plain([(b"x-stainless-retry-count", b"9" * 5000)]))
 @example(batch=_plain([(b"x-request-id", b"caf\xc3\xa9")], ROUTES[1]))
 @example(batch=_plain([(b"x-request-timeout-ms", b"1e-300")]))
 async def test_mutated_requests_get_clean_answers_and_leave_nothing_held(

@@ -228,6 +228,7 @@ def test_retry_count_header() -> None:
     assert retry_count({"x-stainless-retry-count": "-1"}) is None
     assert retry_count({}) is None
     assert retry_count({"x-stainless-retry-count": "\u00b2"}) is None, "a superscript digit is no count"
+    assert retry_count({"x-stainless-retry-count": "9" * 5000}) is None, "nor is a number too long to convert"
     assert fingerprint(b"same") == fingerprint(b"same") != fingerprint(b"other")
 
 
