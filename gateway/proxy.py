@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import os
 import re
 import time
@@ -36,6 +37,7 @@ from gateway.decide import KvgateDecider, Refusal, Route
 from gateway.errors import (
     BadRequest,
     GatewayError,
+    InternalError,
     ModelNotFound,
     PayloadTooLarge,
     ServiceUnavailable,
@@ -54,6 +56,7 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+log = logging.getLogger("kvgate.proxy")
 REQUEST_ID_HEADER = b"x-request-id"
 _CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 """A client's ``X-Request-Id`` that is echoed and forwarded: 1 to 128 visible ASCII characters."""
@@ -156,6 +159,11 @@ class Proxy:
                 await _end_at_shutdown(request, send)
                 return
             raise
+        except Exception:
+            # A bug: its reservation was released on the way out; the client still gets an
+            # OpenAI-shaped answer, never a traceback or a plain-text 500.
+            log.exception("internal error serving request %s", request.request_id)
+            await self._fail(send, request)
         finally:
             request.finished = True
             watcher.cancel()
@@ -168,6 +176,14 @@ class Proxy:
             self._tracing.finish(request, now_s)
         if self._access_log is not None:
             self._access_log.write(request, now_s)
+
+    async def _fail(self, send: Send, request: ProxyRequest) -> None:
+        error = InternalError("internal gateway error")
+        if not request.response_started:
+            await self._refuse(send, request, error)
+        elif request.stream:
+            request.error = error
+            await send({"type": "http.response.body", "body": _error_event(error)})
 
     async def _refuse(self, send: Send, request: ProxyRequest, error: GatewayError) -> None:
         """Answer ``request`` with ``error``: counted, kept for its record, rendered."""
@@ -269,7 +285,7 @@ class Proxy:
             await send(
                 {
                     "type": "http.response.body",
-                    "body": b"data: " + error.body() + b"\n\n" + _DONE_EVENT,
+                    "body": _error_event(error),
                 }
             )
             return None
@@ -444,6 +460,11 @@ def _read_usage(request: ProxyRequest, body: bytes) -> None:
         _record_usage(request, parsed.get("usage"))
 
 
+def _error_event(error: GatewayError) -> bytes:
+    """How a stream that already started ends on an error: the error as an event, then ``[DONE]``."""
+    return b"data: " + error.body() + b"\n\n" + _DONE_EVENT
+
+
 def _events_end(chunk: bytes) -> int:
     """Where the last whole SSE event in ``chunk`` ends (a blank line, LF or CRLF); 0 when none does."""
     lf = chunk.rfind(b"\n\n")
@@ -540,7 +561,7 @@ async def _end_at_shutdown(request: ProxyRequest, send: Send) -> None:
         request.status = error.status
         await send_error(send, error, request.x_request_id)
     elif request.stream:
-        event = b"data: " + error.body() + b"\n\n" + _DONE_EVENT
+        event = _error_event(error)
         await send({"type": "http.response.body", "body": event})
 
 

@@ -217,3 +217,25 @@ async def test_replica_5xx_becomes_a_gateway_error() -> None:
             assert "engine died" in error["message"]
             assert ("retry-after" in response.headers) == (expected == 503)
             await assert_idle(gw)
+
+
+async def test_a_bug_behind_the_edge_is_an_openai_shaped_500_and_leaks_nothing(
+    fleet: SimFleet, monkeypatch: Any
+) -> None:
+    """A fault injected after the reservation is taken (the relay raising): the client gets an
+    OpenAI-shaped 500, not uvicorn's plain text, and the reservation is released."""
+    async with running_gateway(gateway_config(fleet.urls)) as gw:
+        proxy = gw.gateway._proxy
+        assert proxy is not None
+
+        async def broken_relay(*_: Any) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(proxy, "_relay", broken_relay)
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            answer = await http.post(
+                "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4}
+            )
+        assert answer.status_code == 500
+        assert answer.json()["error"]["type"] == "InternalServerError"
+        await assert_idle(gw)
