@@ -76,6 +76,8 @@ _NOT_FORWARDED = frozenset(
         REQUEST_ID_HEADER,
     }
 )
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+"""Connection options that name no header: nothing more to drop for them."""
 _NOT_RELAYED = frozenset(
     {
         b"connection",
@@ -504,6 +506,7 @@ def _scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, int | None, list
     and the headers to forward."""
     x_request_id = ""
     content_length: int | None = None
+    connection = None
     forward = []
     for name, value in raw:
         if name == REQUEST_ID_HEADER:
@@ -512,6 +515,13 @@ def _scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, int | None, list
             content_length = int(value) if value.isdigit() else None
         elif name not in _NOT_FORWARDED:
             forward.append((name, value))
+        elif name == b"connection":
+            connection = value
+    if connection is not None:
+        named = {token.strip().lower() for token in connection.split(b",")} - _PLAIN_CONNECTION
+        if named:
+            # Headers the client's Connection names are hop-by-hop (RFC 9110 section 7.6.1).
+            forward = [header for header in forward if header[0] not in named]
     return x_request_id, content_length, forward
 
 

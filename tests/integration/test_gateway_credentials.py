@@ -159,6 +159,17 @@ async def test_by_default_client_credentials_stay_and_replica_cookies_and_hop_he
         await assert_idle(gw)
 
 
+async def test_headers_the_clients_connection_header_names_are_not_forwarded() -> None:
+    async with RecordingReplica() as replica, gateway_before(replica) as (gw, http):
+        headers = {"connection": "keep-alive, X-Client-Hop", "x-client-hop": "1", "x-end-to-end": "2"}
+        response = await http.post("/v1/chat/completions", json=CHAT, headers=headers)
+        assert response.status_code == 200, response.text
+        [sent] = replica.seen("/v1/chat/completions")
+        assert "x-client-hop" not in sent, "named in Connection: hop-by-hop (RFC 9110 7.6.1)"
+        assert sent["x-end-to-end"] == "2"
+        await assert_idle(gw)
+
+
 async def test_client_credentials_and_replica_cookies_pass_when_configured() -> None:
     server = {"forward_client_credentials": True}
     async with RecordingReplica() as replica, gateway_before(replica, server=server) as (gw, http):
