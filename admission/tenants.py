@@ -60,6 +60,14 @@ class TokenBucket:
         self.level_tokens = min(self.capacity_tokens, self.level_tokens + tokens)
 
 
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` value (scheme in any case); None for any other
+    form, a bare key included, which OpenAI refuses too."""
+    if authorization is None or authorization[:7].lower() != "bearer ":
+        return None
+    return authorization[7:].strip() or None
+
+
 class TenantDirectory:
     def __init__(self, config: AdmissionConfig) -> None:
         self.auth_enabled = config.auth_enabled

@@ -28,6 +28,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
+from admission.tenants import bearer_key
 from config.schema import Pool
 from config.urls import replica_base_url
 from gateway.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized
@@ -68,8 +69,11 @@ def build_admin_app(
     admin_token: str | None = None,
     clock: Clock = time.monotonic,
     unready_reason: Callable[[], str | None] = _always_ready,
+    client_allowed: Callable[[str | None], bool] = lambda _: True,
 ) -> FastAPI:
     """``clock`` must be the one scrapes are stamped with (it measures their age).
+    ``client_allowed`` says whether a client's API key (None: none sent) may list the models, as it
+    may send completions: with auth on, only a known tenant's key.
     ``unready_reason`` names why this gateway cannot serve (``draining``,
     ``coordination_unavailable``, ...), or None; it is ``/readyz``. The fleet's state is
     ``/fleetz``: 200 while every model has a routable replica, else 503."""
@@ -79,7 +83,9 @@ def build_admin_app(
         logger.warning("no admin token (server.admin_token): /admin/* accepts loopback clients only")
 
     @app.get("/v1/models")
-    async def list_models() -> dict[str, object]:
+    async def list_models(request: Request) -> dict[str, object]:
+        if not client_allowed(bearer_key(request.headers.get("authorization"))):
+            raise Unauthorized("Incorrect API key provided.", reason="unauthorized")
         return {
             "object": "list",
             "data": [

@@ -93,6 +93,7 @@ class Gateway:
             self.metrics.render,
             admin_token=None if server.admin_token is None else server.admin_token.get_secret_value(),
             unready_reason=self._unready_reason,
+            client_allowed=lambda key: self.decider.controller.tenants.identify(key) is not None,
         )
         self._session: aiohttp.ClientSession | None = None
         self._client: ReplicaClient | None = None

@@ -35,6 +35,7 @@ from admission.decision import AdmissionRequest, Admit, Dispatch, Queue, Reject
 from admission.ledger import NO_LOAD, Reservation
 from admission.promises import retry_count
 from admission.retry_after import ServiceRates
+from admission.tenants import bearer_key
 from config.schema import GatewayConfig
 from gateway.errors import BadRequest, GatewayError, ServiceUnavailable, TooManyRequests, Unauthorized
 from gateway.metrics import GatewayMetrics
@@ -80,12 +81,9 @@ _CLIENT_CREDENTIALS = frozenset({b"authorization", b"cookie"})
 
 
 def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The key of ``Authorization: Bearer <key>`` (scheme in any case); None for any other form,
-    a bare key included, which OpenAI refuses too."""
     for name, value in headers:
         if name == b"authorization":
-            text = value.decode("latin-1")
-            return (text[7:].strip() or None) if text[:7].lower() == "bearer " else None
+            return bearer_key(value.decode("latin-1"))
     return None
 
 

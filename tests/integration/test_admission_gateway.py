@@ -177,6 +177,13 @@ async def test_auth_on_an_unknown_key_is_401_and_a_known_key_is_served() -> None
             assert answer.json()["error"]["type"] == "AuthenticationError"
         assert (await _post(gw, completion(8), "sk-team")).status_code == 200
         assert sum(sum(r.engine.stats.request_success.values()) for r in fleet.replicas) == 1
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            for headers in ({}, {"authorization": "Bearer sk-wrong"}, {"authorization": "sk-team"}):
+                listed = await http.get("/v1/models", headers=headers)
+                assert listed.status_code == 401, headers
+                assert listed.json()["error"]["type"] == "AuthenticationError"
+            listed = await http.get("/v1/models", headers={"authorization": "Bearer sk-team"})
+            assert listed.status_code == 200 and listed.json()["data"][0]["id"] == MODEL
         await assert_idle(gw)
 
 
