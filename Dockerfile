@@ -17,11 +17,12 @@ COPY admission/ admission/
 COPY autoscaler/ autoscaler/
 COPY config/ config/
 COPY gateway/ gateway/
+COPY kvgate/ kvgate/
 COPY loadtest/ loadtest/
 COPY routing/ routing/
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
     && python -m venv /opt/kvgate \
-    && /opt/kvgate/bin/pip install --only-binary=:all: /wheels/kvgate-*.whl
+    && /opt/kvgate/bin/pip install --only-binary=:all: "$(ls /wheels/kvgate-*.whl)[k8s]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG KVGATE_UID=10001

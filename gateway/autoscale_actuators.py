@@ -134,9 +134,13 @@ class KubernetesActuator:
 
 
 def kubernetes_apps_api() -> ScaleApi:
-    """An ``AppsV1Api`` configured from the pod's service account, or else from ``~/.kube/config``."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
+    """An ``AppsV1Api`` configured from the pod's service account, or else from ``~/.kube/config``.
+    The client library is the ``k8s`` extra; without it, one clear error."""
+    try:
+        from kubernetes import client
+        from kubernetes import config as kube_config
+    except ImportError:
+        raise ValueError("the kubernetes actuator needs the k8s extra: pip install 'kvgate[k8s]'") from None
 
     loader: Any = kube_config
     try:

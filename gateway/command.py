@@ -1,6 +1,6 @@
 """What every ``kvgate`` subcommand shares: bad input is one line on stderr and a non-zero exit.
 
-A handler raises ``CommandError`` with the message; ``gateway.cli.main`` prints it as
+A handler raises ``CommandError`` with the message; ``kvgate.cli.main`` prints it as
 ``kvgate <command>: error: <message>`` and exits with its status (2, as argparse does for bad
 arguments, unless the handler says otherwise). ``CommandParser`` makes argparse's own errors the
 same single line instead of usage text plus an error.

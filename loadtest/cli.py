@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import sys
 from collections.abc import Coroutine
 from pathlib import Path
@@ -113,10 +114,18 @@ def _prepare(args: argparse.Namespace) -> tuple[Workload, Trace, RunOptions, Slo
     return workload, trace, options, Slo(workload.slo_ttft_s, workload.slo_itl_s)
 
 
+def _require_plots() -> None:
+    """Fail before a run rather than after it when the plotting library (the ``loadtest`` extra)
+    is not installed."""
+    if importlib.util.find_spec("matplotlib") is None:
+        raise CommandError("the report's plots need matplotlib: pip install 'kvgate[loadtest]'")
+
+
 def main_run(args: argparse.Namespace) -> int:
     if not args.target:
         raise CommandError("--target URL is required", status=1)
     url = _http_url(args.target, "--target")
+    _require_plots()
     try:
         _, trace, options, slo = _prepare(args)
         target = Target(name=urlsplit(url).netloc, url=url, model=args.model)
@@ -133,6 +142,7 @@ def main_run(args: argparse.Namespace) -> int:
 
 
 def main_compare(args: argparse.Namespace) -> int:
+    _require_plots()
     try:
         targets = [_parse_target(spec, args.model) for spec in args.targets]
         baseline = args.baseline or targets[0].name

@@ -15,9 +15,9 @@ from gateway.autoscale_loop import (
     register,
     run_autoscale,
 )
-from gateway.cli import main
 from gateway.command import CommandError
 from gateway.signals import pool_signals
+from kvgate.cli import main
 from tests.unit.test_metrics import MODEL, FakeClock, populated, samples, value
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from config.loader import EXAMPLES_DIR
-from gateway.cli import build_parser, main
+from kvgate.cli import build_parser, main
 
 
 def test_check_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:

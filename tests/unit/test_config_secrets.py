@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from config.loader import ConfigError, load_config, parse_config
-from gateway.cli import main
+from kvgate.cli import main
 
 SECRETS = ("s3cret-admin", "s3cret-scrape", "hunter2", "sk-pool-s3cret", "sk-tenant-s3cret")
 

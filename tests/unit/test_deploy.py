@@ -610,7 +610,7 @@ def refuse(*args, **kwargs):
 
 socket.socket.connect = refuse
 socket.getaddrinfo = refuse
-import gateway.cli
+import kvgate.cli
 import gateway.server
 from admission.counting import tokenizer_for
 from config.schema import TiktokenTokenizer

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from config.loader import parse_config
-from gateway.cli import main
+from kvgate.cli import main
 from tests.unit.test_config import MINIMAL, problems_of
 
 

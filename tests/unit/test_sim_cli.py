@@ -7,7 +7,7 @@ import argparse
 
 import pytest
 
-from gateway.cli import main
+from kvgate.cli import main
 from loadtest.sim.cli import register, run
 
 
