@@ -1,6 +1,6 @@
 """What every ``kvgate`` subcommand shares: bad input is one line on stderr and a non-zero exit.
 
-A handler raises ``CommandError`` with the message; ``kvgate.cli.main`` prints it as
+A handler raises ``CommandError`` with the message; ``execute`` prints it as
 ``kvgate <command>: error: <message>`` and exits with its status (2, as argparse does for bad
 arguments, unless the handler says otherwise). ``CommandParser`` makes argparse's own errors the
 same single line instead of usage text plus an error.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 from urllib.parse import urlsplit
 
@@ -34,6 +35,18 @@ def report(prog: str, message: str) -> None:
     """Print one error line for ``prog`` (each line of a multi-line message indented under it)."""
     first, *rest = message.splitlines() or [""]
     print("\n".join([f"{prog}: error: {first}", *rest]), file=sys.stderr, flush=True)
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run the parsed command (``args.run``) to its exit status, its ``CommandError`` as one line."""
+    run: Callable[[argparse.Namespace], int] = args.run
+    try:
+        return run(args)
+    except CommandError as exc:
+        report(args.prog, str(exc))
+        return exc.status
+    except KeyboardInterrupt:
+        return 130
 
 
 def http_url(url: str, flag: str) -> str:

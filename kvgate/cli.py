@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from gateway.autoscale_loop import register as register_autoscale
 from gateway.cli import register_config, register_serve
-from gateway.command import CommandError, CommandParser, report
+from gateway.command import CommandParser, execute
 from kvgate.up import register_up
 from loadtest.cli import register as register_loadtest
 from loadtest.sim.cli import register as register_sim
@@ -47,12 +47,4 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    run: Callable[[argparse.Namespace], int] = args.run
-    try:
-        return run(args)
-    except CommandError as exc:
-        report(args.prog, str(exc))
-        return exc.status
-    except KeyboardInterrupt:
-        return 130
+    return execute(build_parser().parse_args(argv))

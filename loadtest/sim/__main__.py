@@ -2,24 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from gateway.command import CommandError, CommandParser, report
+from gateway.command import CommandParser, execute
 from loadtest.sim.cli import add_arguments, run
 
 
 def main(argv: list[str]) -> int:
     parser = CommandParser(prog="kvgate sim", description="Serve simulated vLLM replicas.")
     add_arguments(parser)
-    args: argparse.Namespace = parser.parse_args(argv)
-    try:
-        return run(args)
-    except CommandError as exc:
-        report(parser.prog, str(exc))
-        return exc.status
-    except KeyboardInterrupt:
-        return 130
+    parser.set_defaults(run=run, prog=parser.prog)
+    return execute(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
