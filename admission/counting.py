@@ -4,8 +4,9 @@ Both come from the model's entry in the top-level ``models[]`` (the one home of 
 configured kind picks an implementation of the ``Tokenizer`` seam; nothing is fetched at run
 time (a named tiktoken encoding comes from an installed package, files are local). The replica's
 own ``/tokenize`` is exact but is a network round trip, so it lives at the edge: for that kind
-``tokenizer_for`` returns None and the edge asks the replica, falling back to a bytes estimate.
-Encoding a large prompt is CPU work; the edge runs ``encode_prompt`` off its event loop.
+``tokenizer_for`` returns None and the edge asks the replica; when no replica can count, the
+request is answered 503 (``no_replica``), never priced by a guess. Encoding a large prompt is CPU
+work; the edge counts it off its event loop, in pieces it can stop (``admission.encode_job``).
 """
 
 from __future__ import annotations
@@ -71,9 +72,3 @@ def batch_of(body: Mapping[str, Any]) -> list[str] | list[list[int]] | None:
     if all(isinstance(p, list) for p in prompt):
         return [[t for t in p if isinstance(t, int)] for p in prompt]
     return None
-
-
-def encode_prompt(body: Mapping[str, Any], tokenizer: Tokenizer, template: ChatTemplate) -> list[int]:
-    """The prompt's token ids: what the KV cost counts and the prefix hashes chain over."""
-    prompt = prompt_of(body, template)
-    return prompt if isinstance(prompt, list) else tokenizer.encode(prompt)

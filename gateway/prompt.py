@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import aiohttp
+import orjson
 
 from admission.counting import prompt_of, template_for, tokenizer_for
 from admission.encode_job import EncodeJob
@@ -164,4 +166,12 @@ async def _replica_tokens(
     tokens = answer.get("tokens")
     if isinstance(tokens, list):
         return [int(t) for t in tokens]
-    return [0] * int(answer.get("count", 0))
+    return [_stand_in_id(payload)] * int(answer.get("count", 0))
+
+
+def _stand_in_id(payload: Mapping[str, Any]) -> int:
+    """One id standing for every token of a prompt whose ids the replica did not give: the count
+    prices it, and its prefix blocks are the same for the same prompt (a retry finds its replica)
+    and shared with no other prompt, since without ids no common prefix can be known."""
+    digest = hashlib.blake2b(orjson.dumps(payload, option=orjson.OPT_SORT_KEYS), digest_size=4).digest()
+    return int.from_bytes(digest, "big")

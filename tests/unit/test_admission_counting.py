@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from admission.counting import encode_prompt, template_for, tokenizer_for
-from admission.tokenizer import BytesEstimateTokenizer, HuggingFaceTokenizer, TiktokenTokenizer
+from admission.counting import prompt_of, template_for, tokenizer_for
+from admission.tokenizer import BytesEstimateTokenizer, HuggingFaceTokenizer, TiktokenTokenizer, Tokenizer
+from admission.tokenizer import ChatTemplate as Template
 from config.schema import (
     BytesTokenizer,
     ChatTemplate,
@@ -19,6 +20,12 @@ from config.schema import (
 from config.schema import TiktokenTokenizer as TiktokenConfig
 
 HAS_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
+
+
+def encode(body: dict[str, object], tokenizer: Tokenizer, template: Template) -> list[int]:
+    """The ids the gateway counts for ``body``: token ids sent as they are, text encoded."""
+    prompt = prompt_of(body, template)
+    return prompt if isinstance(prompt, list) else tokenizer.encode(prompt)
 
 
 def test_default_tokenizer_is_the_offline_tiktoken_encoding() -> None:
@@ -44,7 +51,7 @@ def test_chat_is_counted_after_the_template() -> None:
             {"role": "system", "content": [{"type": "text", "text": "x"}]},
         ]
     }
-    assert len(encode_prompt(body, tokenizer, template)) == len("[user]hi|[system]x|A:")
+    assert len(encode(body, tokenizer, template)) == len("[user]hi|[system]x|A:")
 
 
 @pytest.mark.parametrize(
@@ -52,7 +59,7 @@ def test_chat_is_counted_after_the_template() -> None:
     [("abcd", 4), (["ab", "cd"], 4), ([1, 2, 3], 3), ([[1, 2], [3]], 3), (None, 0)],
 )
 def test_completions_prompts(prompt: object, expected: int) -> None:
-    ids = encode_prompt({"prompt": prompt}, BytesEstimateTokenizer(1), template_for(ChatTemplate()))
+    ids = encode({"prompt": prompt}, BytesEstimateTokenizer(1), template_for(ChatTemplate()))
     assert len(ids) == expected
 
 
