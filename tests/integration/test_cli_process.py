@@ -19,14 +19,14 @@ from gateway.autoscale_actuators import LogActuator
 from gateway.autoscale_loop import GatewaySources, read_signals, run_loop
 from gateway.server import running_gateway
 from loadtest.client import wait_until_ok
-from loadtest.sim.fleet import SimFleet, free_port
+from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from tests.integration.processes import KVGATE, serving_process, stop
+from tests.integration.processes import KVGATE, free_ports, serving_process, stop
 
 
 async def test_serve_listens_on_the_host_and_port_the_flags_give(tmp_path: Path) -> None:
     async with SimFleet(replicas=1, time_scale=0.0) as fleet:
-        file_port, flag_port = free_port(), free_port()
+        file_port, flag_port = free_ports(), free_ports()
         config = {
             "server": {"host": "127.0.0.1", "port": file_port, "drain_delay_s": 0},
             "models": [{"name": MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
@@ -86,7 +86,7 @@ async def test_kvgate_up_runs_the_autoscaler_against_its_simulated_fleet() -> No
     """One replica at start, a floor of two: the loop adds one through the simulator's control API
     (it cold-starts), the gateway learns of it and publishes the desired count, and the change is
     printed as one line."""
-    port = free_port()
+    port = free_ports()
     process = await asyncio.create_subprocess_exec(
         KVGATE,
         *("up", "--replicas", "1", "--min-replicas", "2", "--max-replicas", "3", "--port", str(port)),
@@ -127,7 +127,7 @@ async def test_kvgate_up_runs_the_autoscaler_against_its_simulated_fleet() -> No
 
 
 async def test_kvgate_up_without_the_autoscaler_publishes_nothing() -> None:
-    port = free_port()
+    port = free_ports()
     process = await asyncio.create_subprocess_exec(
         KVGATE,
         *("up", "--replicas", "1", "--min-replicas", "2", "--no-autoscale", "--port", str(port)),

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -30,16 +29,10 @@ from gateway.server import RunningGateway, running_gateway
 from loadtest.sim.fleet import SimFleet
 from routing.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from tests.integration.processes import free_ports
 
 FAST_SYNC = {"interval_s": 0.05, "lease_s": 1.0}
 REQUEST = {"model": MODEL, "prompt": "x", "max_tokens": 2}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class PrivateRedis:
@@ -52,7 +45,7 @@ class PrivateRedis:
         self.binary = binary
         self.workdir = workdir
         self.password = password
-        self.port = _free_port()
+        self.port = free_ports()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def url(self, password: str | None = None) -> str:

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadtest.sim.fleet import SimFleet, free_port
-from tests.integration.processes import assert_process_idle, sdk_traffic, serving_process, stop
+from loadtest.sim.fleet import SimFleet
+from tests.integration.processes import assert_process_idle, free_ports, sdk_traffic, serving_process, stop
 from tests.unit.test_deploy import OVERLAYS, base_gateway_config, queried_selectors, render, unmatched
 
 RARE = frozenset(
@@ -76,7 +76,7 @@ async def test_every_metric_the_manifests_query_is_exported_with_the_base_config
     assert len({s.metric for s in selectors}) >= 15
     model = base["models"][0]["name"]
     async with SimFleet(replicas=2, model=model, time_scale=0.0) as fleet:
-        port = free_port()
+        port = free_ports()
         async with (
             serving_process(tmp_path, adapted(base, port, fleet.urls)) as (url, process),
             aiohttp.ClientSession() as http,

@@ -20,10 +20,10 @@ import orjson
 
 from config.schema import GatewayConfig
 from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet, free_port
+from loadtest.sim.fleet import SimFleet
 from tests.integration import processes
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from tests.integration.processes import gauges
+from tests.integration.processes import free_ports, gauges
 
 TIME_SCALE = 4.0
 """Simulated decode steps of about 10 ms take 40 ms: a stream of 100 tokens lasts about 4 s."""
@@ -34,7 +34,7 @@ async def kvgate_serve(
     tmp_path: Path, urls: list[str], **server: Any
 ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
     """``kvgate serve`` in front of ``urls`` with ``server`` settings (the drain's)."""
-    port = free_port()
+    port = free_ports()
     config = {
         "server": {"host": "127.0.0.1", "port": port, **server},
         "health": {"interval_s": 0.2, "timeout_s": 1.0},

@@ -14,20 +14,14 @@ import orjson
 import pytest
 
 from loadtest.cli import register
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+from tests.integration.processes import free_ports
 
 
 @pytest.fixture
 def sim_url() -> Iterator[str]:
-    port = _free_port()
+    port = free_ports()
     process = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.sim", "--port", str(port), "--control-port", str(_free_port()),
+        [sys.executable, "-m", "loadtest.sim", "--port", str(port), "--control-port", str(free_ports()),
          "--time-scale", "0.02", "--cold-start-s", "0"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

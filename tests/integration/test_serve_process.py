@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.sim.fleet import SimFleet, free_port
+from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL
-from tests.integration.processes import assert_process_idle, sdk_traffic, serving_process, stop
+from tests.integration.processes import assert_process_idle, free_ports, sdk_traffic, serving_process, stop
 
 
 async def test_kvgate_serve_on_uvloop_proxies_the_sdk_and_returns_to_idle(tmp_path: Path) -> None:
     async with SimFleet(replicas=2, time_scale=0.0) as fleet:
-        port = free_port()
+        port = free_ports()
         config = {
             "server": {"host": "127.0.0.1", "port": port, "drain_delay_s": 0},
             "health": {"interval_s": 0.2, "timeout_s": 1.0},

@@ -8,11 +8,11 @@ import sys
 
 import aiohttp
 
-from loadtest.sim.fleet import free_port
+from tests.integration.processes import free_ports
 
 
 async def test_standalone_simulator_serves_and_stops_on_sigterm() -> None:
-    port, control = free_port(), free_port()
+    port, control = free_ports(2), free_ports()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         *("-m", "loadtest.sim", "--replicas", "2", "--port", str(port), "--control-port", str(control)),
