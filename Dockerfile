@@ -20,6 +20,7 @@ COPY gateway/ gateway/
 COPY kvgate/ kvgate/
 COPY loadtest/ loadtest/
 COPY routing/ routing/
+COPY vocabulary/ vocabulary/
 RUN python -m pip wheel --no-deps --wheel-dir /wheels . \
     && python -m venv /opt/kvgate \
     && /opt/kvgate/bin/pip install --only-binary=:all: "$(ls /wheels/kvgate-*.whl)[k8s]"

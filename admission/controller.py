@@ -27,7 +27,6 @@ import math
 from collections.abc import Sequence
 
 from admission.calibration import Calibration
-from admission.capacity import fits, kv_room_tokens
 from admission.decision import (
     AdmissionRequest,
     Admit,
@@ -53,7 +52,8 @@ from admission.retry_after import (
 )
 from admission.tenants import TenantDirectory
 from config.admission import AdmissionConfig
-from routing.replica import ReplicaView, Role
+from vocabulary.capacity import fits, kv_room_tokens
+from vocabulary.replica import ReplicaView, Role
 
 
 class AdmissionController:

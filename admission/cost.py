@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from config.admission import AdmissionConfig, MaxTokensPolicy
-from routing.value import frozen_value
+from vocabulary.value import frozen_value
 
 
 @frozen_value

@@ -14,8 +14,8 @@ from enum import StrEnum
 from admission.cost import CostEstimate
 from admission.retry_after import RetryAfter
 from admission.tenants import Tenant
-from routing.replica import ReplicaView
-from routing.value import frozen_value
+from vocabulary.replica import ReplicaView
+from vocabulary.value import frozen_value
 
 
 class RejectReason(StrEnum):

@@ -22,8 +22,8 @@ from dataclasses import replace
 from typing import Protocol
 
 from admission.cost import CostEstimate
-from routing.replica import ReplicaLoad
-from routing.value import frozen_value
+from vocabulary.replica import ReplicaLoad
+from vocabulary.value import frozen_value
 
 
 @frozen_value

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from admission.decision import AdmissionRequest
 from admission.tenants import Tenant
-from routing.replica import ReplicaView
+from vocabulary.replica import ReplicaView
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from autoscaler.signals import PoolSignals
 from config.autoscaler import AutoscalerConfig, PoolPolicy
-from routing.replica import Role
+from vocabulary.replica import Role
 
 SCALE_OUT_OCCUPANCY_TTFT = "scale_out_occupancy_ttft"
 SCALE_OUT_BACKLOG_TTFT = "scale_out_backlog_ttft"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from routing.replica import Role
+from vocabulary.replica import Role
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,8 +32,8 @@ from gateway.coordination import RedisCoordinator
 from gateway.decide import KvgateDecider
 from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError, MethodNotAllowed
-from gateway.health import HealthMonitor
 from gateway.metrics import GatewayMetrics
+from gateway.probes import HealthMonitor
 from gateway.proxy import (
     Message,
     Proxy,
@@ -49,7 +49,7 @@ from gateway.scrape import Scraper
 from gateway.state import GatewayState
 from gateway.upstream import create_session
 from gateway.work import FleetWork
-from routing.replica import ReplicaLoad
+from vocabulary.replica import ReplicaLoad
 
 if TYPE_CHECKING:
     from gateway.tracing import Tracing

@@ -43,7 +43,7 @@ from gateway.autoscale_actuators import (
 )
 from gateway.command import CommandError, http_url, report
 from gateway.metrics import GatewayMetrics
-from gateway.signals import pool_signals
+from gateway.signals_window import pool_signals
 
 Clock = Callable[[], float]
 ADMIN_TOKEN_ENV = "KVGATE_ADMIN_TOKEN"

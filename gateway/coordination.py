@@ -46,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from admission.coordination import CoordinationGate, CoordinationStatus, FailMode
 from admission.decision import Reject
 from gateway.metrics import GatewayMetrics
-from routing.replica import ReplicaLoad
+from vocabulary.replica import ReplicaLoad
 
 log = logging.getLogger("kvgate.coordination")
 

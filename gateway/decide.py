@@ -52,11 +52,11 @@ from routing.health import (
     outcome_of_status,
 )
 from routing.prefix_hash import block_hashes
-from routing.replica import ReplicaLoad, ReplicaView
 from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
 from routing.router import Router
-from routing.value import frozen_value
+from vocabulary.replica import ReplicaLoad, ReplicaView
+from vocabulary.value import frozen_value
 
 log = logging.getLogger("kvgate.decide")
 _TTFT_EWMA_WEIGHT = 0.2

@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector
 from admission.coordination import CoordinationStatus
 from gateway.errors import GatewayError, ModelNotFound
 from gateway.replica_http import ReplicaConnectError, ReplicaDisconnected, ReplicaHTTPError
-from gateway.signals import (
+from gateway.signals_window import (
     Clock,
     CountWindow,
     LatencyWindow,

@@ -34,7 +34,7 @@ import aiohttp
 
 from gateway.state import GatewayState, ReplicaState
 from gateway.upstream import replica_headers
-from routing.replica import ScrapedMetrics
+from vocabulary.replica import ScrapedMetrics
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_V0 = "vllm:gpu_cache_usage_perc"

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from admission.decision import AdmissionRequest
 from admission.ledger import InMemoryLedger
 from config.schema import GatewayConfig, Model, Pool
-from routing.replica import ReplicaLoad, Role, ScrapedMetrics
 from routing.request import RoutingRequest
+from vocabulary.replica import ReplicaLoad, Role, ScrapedMetrics
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError

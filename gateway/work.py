@@ -15,9 +15,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from gateway.decide import KvgateDecider
-from gateway.signals import ModelWork, PoolWork, ReplicaWork
+from gateway.signals_window import ModelWork, PoolWork, ReplicaWork
 from gateway.state import GatewayState
-from routing.replica import Role
+from vocabulary.replica import Role
 
 
 class FleetWork:

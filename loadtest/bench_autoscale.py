@@ -59,7 +59,7 @@ from loadtest.client import RequestRecord, wait_until_ok
 from loadtest.runner import RunOptions, Target
 from loadtest.runner import run as runner_run
 from loadtest.workload import Workload, build_trace, parse_workload
-from routing.replica import Role
+from vocabulary.replica import Role
 
 TICK_S = 0.1
 INTERVAL_S = 15.0

@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from config.routing import PolicyName, RoutingConfig
 from routing.prefix_hash import block_hashes
 from routing.prefix_index import PrefixIndex
-from routing.replica import ReplicaLoad, ReplicaView, Role
 from routing.request import RoutingRequest
 from routing.router import Router
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 MODEL = "bench-model"
 FLEET_SIZES = (10, 100, 1_000)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from routing.value import frozen_value
+from vocabulary.value import frozen_value
 
 
 @dataclass(frozen=True, slots=True)

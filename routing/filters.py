@@ -4,7 +4,7 @@ A candidate must not be excluded by the caller (a retry goes to a replica not tr
 serve the request's model, be healthy, be ready (it reported healthy at least once; a replica is
 never routable before that), be out of any back-off (ejection or a 429/503 avoid window) and have
 KV room for the request's worst case and a sequence slot for each of its sequences, asked through
-``admission.capacity.fits`` so routing and admission cannot disagree. Filters run in that order;
+``vocabulary.capacity.fits`` so routing and admission cannot disagree. Filters run in that order;
 when none survive, the reason names the furthest filter any candidate reached, which is the
 constraint actually binding (``no_kv_room`` tells the caller to queue, ``unhealthy`` that the fleet
 is down).
@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 
-from admission.capacity import fits
-from routing.replica import ReplicaView
 from routing.request import RoutingRequest
+from vocabulary.capacity import fits
+from vocabulary.replica import ReplicaView
 
 FILTER_REASONS: tuple[str, ...] = ("excluded", "no_model", "unhealthy", "not_ready", "backoff", "no_kv_room")
 """Rejection reasons in filter order; a decision with no replica reports one of these or ``no_replica``."""

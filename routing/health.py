@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from config.routing import RoutingConfig
-from routing.replica import ReplicaView
+from vocabulary.replica import ReplicaView
 
 
 class HealthState(StrEnum):

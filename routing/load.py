@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from routing.replica import ReplicaView
+from vocabulary.replica import ReplicaView
 
 
 def own_load_ratio(view: ReplicaView) -> float:

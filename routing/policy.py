@@ -13,8 +13,8 @@ from typing import Protocol
 
 from routing.decision import RoutingDecision
 from routing.filters import Gate
-from routing.replica import ReplicaView
 from routing.request import RoutingRequest
+from vocabulary.replica import ReplicaView
 
 
 class Policy(Protocol):

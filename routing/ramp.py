@@ -17,7 +17,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from routing.replica import ReplicaView
+from vocabulary.replica import ReplicaView
 
 
 def ramp_weight(ready_for_s: float, warmup_s: float, min_ratio: float, aggression: float) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from routing.prefix_hash import BLOCK_SIZE_TOKENS, block_hashes
-from routing.value import frozen_value
+from vocabulary.value import frozen_value
 
 
 @frozen_value

@@ -22,8 +22,8 @@ from routing.policies.least_request import LeastRequestPolicy
 from routing.policies.round_robin import RoundRobinPolicy
 from routing.policy import Policy
 from routing.prefix_index import PrefixIndex
-from routing.replica import ReplicaView
 from routing.request import RoutingRequest
+from vocabulary.replica import ReplicaView
 
 
 class Router:

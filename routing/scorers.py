@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from routing.replica import ReplicaView
 from routing.request import RoutingRequest
-from routing.value import frozen_value
+from vocabulary.replica import ReplicaView
+from vocabulary.value import frozen_value
 
 
 @frozen_value

@@ -18,7 +18,7 @@ from gateway.command import CommandError, report
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from loadtest.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
 from loadtest.sim.replica import SimReplica
-from routing.replica import Role
+from vocabulary.replica import Role
 
 _OVERRIDES = ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "warmup_s")
 

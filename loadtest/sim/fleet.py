@@ -28,7 +28,7 @@ from loadtest.sim.http import Connection, Request
 from loadtest.sim.profile import DEFAULT_PROFILE, resolve_profile
 from loadtest.sim.protocol import parse_body
 from loadtest.sim.replica import SimReplica, parse_role
-from routing.replica import Role
+from vocabulary.replica import Role
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _REPLICA_PATH = re.compile(r"^/replicas/(\d+)(?:/(kill|pause|resume|drain))?$")

@@ -50,7 +50,7 @@ from loadtest.sim.protocol import (
     parse_generation,
 )
 from routing.prefix_hash import block_hashes
-from routing.replica import Role
+from vocabulary.replica import Role
 
 _ENCODE_CACHE_ENTRIES = 2048
 # A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far

@@ -24,9 +24,9 @@ from routing.load import load_ratios, within_bound
 from routing.picker import pick_best
 from routing.prefix_index import PrefixIndex
 from routing.ramp import Ramp
-from routing.replica import ReplicaView
 from routing.request import RoutingRequest
 from routing.scorers import SCORERS, Scorer, ScoringContext
+from vocabulary.replica import ReplicaView
 
 
 class KvgatePolicy:

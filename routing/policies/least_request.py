@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from routing.decision import RoutingDecision
 from routing.filters import Gate
 from routing.picker import pick_best
-from routing.replica import ReplicaView
 from routing.request import RoutingRequest
+from vocabulary.replica import ReplicaView
 
 
 class LeastRequestPolicy:

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 from routing.decision import RoutingDecision
 from routing.filters import FILTER_REASONS, NO_REPLICA, Gate
-from routing.replica import ReplicaView
 from routing.request import RoutingRequest
+from vocabulary.replica import ReplicaView
 
 
 class RoundRobinPolicy:

@@ -14,7 +14,7 @@ from config.loader import parse_config
 from config.schema import GatewayConfig
 from gateway.server import RunningGateway
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
-from routing.replica import ReplicaLoad
+from vocabulary.replica import ReplicaLoad
 
 MODEL = DEFAULT_MODEL
 

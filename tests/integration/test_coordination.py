@@ -6,7 +6,7 @@ import asyncio
 import uuid
 
 from gateway.coordination import RedisCoordinator
-from routing.replica import ReplicaLoad
+from vocabulary.replica import ReplicaLoad
 
 
 async def test_each_gateway_sees_the_others_load_and_a_dead_ones_expires(redis_url: str) -> None:

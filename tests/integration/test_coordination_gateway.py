@@ -14,8 +14,8 @@ import httpx
 from admission.tokenizer import TiktokenTokenizer
 from gateway.server import RunningGateway, running_gateway
 from loadtest.sim.fleet import SimFleet
-from routing.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from vocabulary.replica import ReplicaLoad
 
 KV_CAPACITY_TOKENS = 20000
 HOLD_MAX_TOKENS = 9000

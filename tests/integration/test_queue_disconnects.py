@@ -23,8 +23,8 @@ from gateway.server import running_gateway
 from gateway.state import GatewayState, ProxyRequest
 from loadtest.sim.fleet import SimFleet
 from routing.health import Outcome
-from routing.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from vocabulary.replica import ReplicaLoad
 
 KV_CAPACITY_TOKENS = 4000
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from config.routing import RoutingConfig
 from routing.decision import RoutingDecision
 from routing.prefix_hash import BLOCK_SIZE_TOKENS, block_hashes
-from routing.replica import ReplicaLoad, ReplicaView, Role
 from routing.request import RoutingRequest
 from routing.router import Router
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 MODEL = "sim-model"
 

@@ -12,7 +12,7 @@ from admission.ledger import InMemoryLedger
 from admission.retry_after import ServiceRates
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig, PriorityClass, TenantConfig
-from routing.replica import ReplicaView, Role
+from vocabulary.replica import ReplicaView, Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _ids = count(1)

@@ -6,7 +6,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from admission.cost import CostEstimate
 from admission.ledger import InMemoryLedger
-from routing.replica import ReplicaLoad
+from vocabulary.replica import ReplicaLoad
 
 REPLICAS = ("r0", "r1", "r2")
 REQUEST_IDS = tuple(f"q{i}" for i in range(8))

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from admission.capacity import fits
 from admission.controller import AdmissionController
 from admission.cost import (
     CostEstimate,
@@ -26,8 +25,9 @@ from admission.tenants import Tenant
 from config.admission import AdmissionConfig, ModelAdmissionConfig
 from config.schema import Model
 from routing.filters import Gate
-from routing.replica import ReplicaLoad, ReplicaView, Role
 from routing.request import RoutingRequest
+from vocabulary.capacity import fits
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 CHAT, COMPLETIONS = True, False
 FACTS = Model(name="m", max_model_len=1000, kv_bytes_per_token=1)

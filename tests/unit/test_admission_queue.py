@@ -10,7 +10,7 @@ from admission.decision import AdmissionRequest
 from admission.queue import Ahead, QueuedRequest, WaitQueue
 from admission.tenants import Tenant
 from config.admission import PriorityClass
-from routing.replica import ReplicaLoad, ReplicaView, Role
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 SLOT = (
     ReplicaView(

@@ -16,7 +16,7 @@ from gateway.autoscale_loop import (
     run_autoscale,
 )
 from gateway.command import CommandError
-from gateway.signals import pool_signals
+from gateway.signals_window import pool_signals
 from kvgate.cli import main
 from tests.unit.test_metrics import MODEL, FakeClock, populated, samples, value
 

@@ -28,7 +28,7 @@ from autoscaler.policy import (
 )
 from autoscaler.signals import PoolSignals
 from config.autoscaler import AutoscalerConfig, PoolPolicy
-from routing.replica import Role
+from vocabulary.replica import Role
 
 STEP_S = 15.0
 HOT: dict[str, Any] = {"kv_occupancy_ratio": 0.9, "ttft_p95_s": 2.0}

@@ -10,7 +10,7 @@ from gateway.decide import KvgateDecider
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState
 from routing.health import Outcome
-from routing.replica import ScrapedMetrics
+from vocabulary.replica import ScrapedMetrics
 
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
 

@@ -16,12 +16,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 ALLOWED: dict[str, frozenset[str]] = {
     "config": frozenset(),
-    "admission": frozenset({"config", "routing"}),
-    "routing": frozenset({"config", "admission"}),
-    "autoscaler": frozenset({"config", "routing"}),
-    "gateway": frozenset({"config", "admission", "routing", "autoscaler"}),
-    "loadtest": frozenset({"config", "admission", "routing", "autoscaler", "gateway"}),
-    "kvgate": frozenset({"config", "admission", "routing", "autoscaler", "gateway", "loadtest"}),
+    "vocabulary": frozenset(),
+    "admission": frozenset({"config", "vocabulary"}),
+    "routing": frozenset({"config", "vocabulary"}),
+    "autoscaler": frozenset({"config", "vocabulary"}),
+    "gateway": frozenset({"config", "vocabulary", "admission", "routing", "autoscaler"}),
+    "loadtest": frozenset({"config", "vocabulary", "admission", "routing", "autoscaler", "gateway"}),
+    "kvgate": frozenset(
+        {"config", "vocabulary", "admission", "routing", "autoscaler", "gateway", "loadtest"}
+    ),
 }
 
 
@@ -51,7 +54,7 @@ def test_every_import_between_packages_is_an_allowed_arrow() -> None:
 
 
 def test_the_runtime_never_imports_the_load_tester() -> None:
-    for package in ("config", "admission", "routing", "autoscaler", "gateway"):
+    for package in ("config", "vocabulary", "admission", "routing", "autoscaler", "gateway"):
         assert "loadtest" not in ALLOWED[package] and "kvgate" not in ALLOWED[package]
 
 

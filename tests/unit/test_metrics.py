@@ -34,9 +34,9 @@ from gateway.replica_http import (
     ReplicaProtocolError,
     ReplicaTimeout,
 )
-from gateway.signals import ModelWork, PoolWork, ReplicaWork
+from gateway.signals_window import ModelWork, PoolWork, ReplicaWork
 from gateway.state import ReplicaState, replica_name
-from routing.replica import Role
+from vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE_PACKAGES = ("admission", "routing", "autoscaler")
+PURE_PACKAGES = ("vocabulary", "admission", "routing", "autoscaler")
 FORBIDDEN_MODULES = frozenset(
     {
         "fastapi",

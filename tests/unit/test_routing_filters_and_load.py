@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from routing.filters import Gate
 from routing.load import load_ratios, within_bound
-from routing.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
 from routing.request import RoutingRequest
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
 
 MODEL = "m"
 REQUEST = RoutingRequest(MODEL, prompt_tokens=1_000, max_output_tokens=1_000)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from routing.health import HealthRules, HealthState, HealthTracker, Outcome, ReplicaHealth, outcome_of_status
-from routing.replica import ReplicaLoad, ReplicaView, Role
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 RULES = HealthRules(
     unhealthy_threshold=3,

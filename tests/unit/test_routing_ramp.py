@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from routing.ramp import Ramp, ramp_weight
-from routing.replica import ReplicaLoad, ReplicaView, Role
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 
 def view(replica_id: str, ready_since_s: float | None = 0.0, ttft_ewma_s: float | None = None) -> ReplicaView:

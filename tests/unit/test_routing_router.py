@@ -5,9 +5,9 @@ from collections import Counter
 from dataclasses import replace
 
 from config.routing import RoutingConfig
-from routing.replica import ReplicaLoad, ReplicaView, Role
 from routing.request import RoutingRequest
 from routing.router import Router
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 MODEL = "m"
 SYSTEM_PROMPT = list(range(160))

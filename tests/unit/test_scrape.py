@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.scrape import parse_vllm_metrics, scraped_capacity_tokens
-from routing.replica import ScrapedMetrics
+from vocabulary.replica import ScrapedMetrics
 
 LABELS = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
 

@@ -13,7 +13,7 @@ from loadtest.sim.metrics import render_metrics
 from loadtest.sim.profile import resolve_profile
 from loadtest.sim.protocol import ApiError, GenerationRequest, parse_generation
 from loadtest.sim.replica import parse_role
-from routing.replica import Role
+from vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autoscaler.signals import PoolSignals
-from routing.replica import Role
+from vocabulary.replica import Role
 
 Clock = Callable[[], float]
 

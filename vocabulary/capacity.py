@@ -9,7 +9,7 @@ Routing filters and the admission decision both ask this one question, so they c
 
 from __future__ import annotations
 
-from routing.replica import ReplicaView
+from vocabulary.replica import ReplicaView
 
 
 def kv_room_tokens(view: ReplicaView) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from routing.value import frozen_value
+from vocabulary.value import frozen_value
 
 
 class Role(StrEnum):

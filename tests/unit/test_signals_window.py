@@ -5,9 +5,9 @@ import random
 
 import pytest
 
-from gateway.signals import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, pool_signals
-from routing.replica import Role
+from gateway.signals_window import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, pool_signals
 from tests.unit.test_metrics import FakeClock, populated
+from vocabulary.replica import Role
 
 
 def exact_quantile(values: list[float], q: float) -> float:
