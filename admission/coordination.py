@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from admission.decision import Reject, RejectReason
+from admission.decision import Refusal, RefusalReason
 from admission.retry_after import retry_after
 
 
@@ -54,13 +54,13 @@ class CoordinationGate:
         one ended (None: never)."""
         return reachable and last_sync_s is not None and now_s - last_sync_s <= self.lease_s
 
-    def refusal(self, now_s: float, reachable: bool, last_sync_s: float | None) -> Reject | None:
+    def refusal(self, now_s: float, reachable: bool, last_sync_s: float | None) -> Refusal | None:
         """The 503 for a new request, or None when it may go on to admission."""
         if self.fail_mode is FailMode.OPEN or self.sees_others(now_s, reachable, last_sync_s):
             return None
-        return Reject(
+        return Refusal(
             503,
-            RejectReason.COORDINATION_UNAVAILABLE,
+            RefusalReason.COORDINATION_UNAVAILABLE,
             "The gateway cannot see the other gateways' reservations (Redis coordination is down) "
             "and is configured to refuse requests until it can.",
             retry_after(self.retry_after_s, self.retry_after_s),

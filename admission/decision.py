@@ -1,9 +1,9 @@
 """The values the admission decision speaks in: what is asked, and the three possible answers.
 
 ``Admit`` carries the replicas that can take the request (routing picks one), ``Queue`` a ticket
-the edge waits on, ``Reject`` an HTTP status, a reason from a closed set (metrics count by it), a
+the edge waits on, ``Refusal`` an HTTP status, a reason from a closed set (metrics count by it), a
 message for the client and, for overload, a Retry-After. Overload is an expected outcome, so it is
-a value, never an exception.
+a value, never an exception; the edge renders it in one place (``gateway.errors.refusal_error``).
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from vocabulary.replica import ReplicaView
 from vocabulary.value import frozen_value
 
 
-class RejectReason(StrEnum):
+class RefusalReason(StrEnum):
     KV_CAPACITY = "kv_capacity"
     QUEUE_FULL = "queue_full"
     TENANT_BUDGET = "tenant_budget"
     DEADLINE = "deadline"
     NO_REPLICA = "no_replica"
     COORDINATION_UNAVAILABLE = "coordination_unavailable"
+    INVALID_REQUEST = "invalid_request"
+    UNAUTHORIZED = "unauthorized"
 
 
 @frozen_value
@@ -62,9 +64,9 @@ class Queue:
 
 
 @dataclass(frozen=True, slots=True)
-class Reject:
+class Refusal:
     status: int
-    reason: RejectReason
+    reason: RefusalReason
     message: str
     retry_after: RetryAfter | None = None
     param: str | None = None
@@ -74,11 +76,8 @@ class Reject:
     def retry_after_s(self) -> int | None:
         return None if self.retry_after is None else self.retry_after.seconds
 
-    def headers(self) -> dict[str, str]:
-        return {} if self.retry_after is None else self.retry_after.headers()
 
-
-Decision = Admit | Queue | Reject
+Decision = Admit | Queue | Refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,4 +97,4 @@ class Dispatch:
 class Expired:
     ticket: int
     request: AdmissionRequest
-    reject: Reject
+    refusal: Refusal

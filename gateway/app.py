@@ -17,21 +17,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
 import orjson
 
 from admission.coordination import FailMode
-from admission.decision import RejectReason
+from admission.decision import RefusalReason
 from config.schema import GatewayConfig
 from gateway.access_log import AccessLog
 from gateway.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from gateway.autoscale_loop import GatewayRecommender
 from gateway.coordination import RedisCoordinator
-from gateway.decide import KvgateDecider
+from gateway.decision_path import DecisionPath
 from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError, MethodNotAllowed
+from gateway.forwarding import request_id_of
 from gateway.metrics import GatewayMetrics
 from gateway.probes import HealthMonitor
 from gateway.proxy import (
@@ -40,7 +43,6 @@ from gateway.proxy import (
     Receive,
     Scope,
     Send,
-    request_id_of,
     send_error,
     shutting_down,
 )
@@ -59,14 +61,19 @@ SIGNALS_PATH = "/signals"
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.state = GatewayState.from_config(config)
         autoscaler = config.autoscaler
-        self.metrics = GatewayMetrics(window_s=60.0 if autoscaler is None else autoscaler.signals_window_s)
-        self.decider = KvgateDecider(self.state, config, self.metrics)
+        window_s = 60.0 if autoscaler is None else autoscaler.signals_window_s
+        self.metrics = GatewayMetrics(clock=clock, window_s=window_s)
+        self.path = DecisionPath.build(self.state, config, self.metrics, clock)
+        """The decision path's parts (pricing, fleet, dispatcher, accounting), over ``clock``."""
         routing = config.routing
-        self.metrics.bind(FleetWork(self.state, self.decider, routing.scrape_stale_s, routing.warmup_s))
+        work = FleetWork(
+            self.state, self.path.dispatcher, self.path.fleet, routing.scrape_stale_s, routing.warmup_s, clock
+        )
+        self.metrics.bind(work)
         server = config.server
         protect = server.protect_observability
         self._guard: ObservabilityGuard | None = None
@@ -87,13 +94,13 @@ class Gateway:
             )
             self.metrics.bind_coordination(self.coordinator.status)
             if self.coordinator.gate.may_refuse:
-                self.decider.coordination_refusal = self.coordinator.refusal
+                self.path.dispatcher.coordination_refusal = self.coordinator.refusal
         self.admin = build_admin_app(
             self.state,
             self.metrics.render,
             admin_token=None if server.admin_token is None else server.admin_token.get_secret_value(),
             unready_reason=self._unready_reason,
-            client_allowed=lambda key: self.decider.controller.tenants.identify(key) is not None,
+            client_allowed=lambda key: self.path.dispatcher.controller.tenants.identify(key) is not None,
         )
         self._session: aiohttp.ClientSession | None = None
         self._client: ReplicaClient | None = None
@@ -129,7 +136,7 @@ class Gateway:
         if self._pump is None or self._pump.done():
             return "admission_pump_stopped"
         if self.coordinator is not None and self.coordinator.status().refusing:
-            return RejectReason.COORDINATION_UNAVAILABLE.value
+            return RefusalReason.COORDINATION_UNAVAILABLE.value
         return None
 
     def refuse_new(self) -> None:
@@ -145,7 +152,7 @@ class Gateway:
 
     async def start(self) -> None:
         self._session = create_session(self.config.server)
-        self.decider.session = self._session
+        self.path.pricer.session = self._session
         server = self.config.server
         self._client = ReplicaClient(
             connect_s=server.timeouts.connect_s,
@@ -155,20 +162,20 @@ class Gateway:
             limit=server.upstream_connections,
         )
         access_log = (
-            AccessLog(self.config.access_log, self.decider.pool_of)
+            AccessLog(self.config.access_log, self.path.fleet.pool_of)
             if self.config.access_log.enabled
             else None
         )
-        self._proxy = Proxy(self.state, self.decider, self._client, server, access_log, self.tracing)
+        self._proxy = Proxy(self.state, self.path, self._client, server, access_log, self.tracing)
         discoveries = [
             DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
         ]
         for discovery in discoveries:
             await discovery.refresh()
-        monitor = HealthMonitor(self.state, self._session, self.config.health, self.decider)
+        monitor = HealthMonitor(self.state, self._session, self.config.health, self.path.fleet)
         scraper = Scraper(self.state, self._session, self.config.health.interval_s)
         await asyncio.gather(monitor.probe_all(), scraper.scrape_all())
-        self._pump = asyncio.create_task(self.decider.run(), name="kvgate-admission-pump")
+        self._pump = asyncio.create_task(self.path.dispatcher.run(), name="kvgate-admission-pump")
         self._tasks = [
             asyncio.create_task(monitor.run(), name="kvgate-health"),
             asyncio.create_task(scraper.run(), name="kvgate-scrape"),
@@ -180,7 +187,7 @@ class Gateway:
             self._tasks.append(asyncio.create_task(recommender.run(), name="kvgate-autoscaler"))
         if self.coordinator is not None:
             await self.coordinator.start()
-            self.decider.foreign_loads = self.coordinator.foreign_loads
+            self.path.fleet.foreign_loads = self.coordinator.foreign_loads
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -189,7 +196,7 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        self.decider.cancel_all()
+        self.path.dispatcher.cancel_all()
         if self.coordinator is not None:
             await self.coordinator.stop()
         if self._client is not None:

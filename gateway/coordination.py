@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from admission.coordination import CoordinationGate, CoordinationStatus, FailMode
-from admission.decision import Reject
+from admission.decision import Refusal
 from gateway.metrics import GatewayMetrics
 from vocabulary.replica import ReplicaLoad
 
@@ -196,7 +196,7 @@ class RedisCoordinator:
             return {}
         return self._foreign
 
-    def refusal(self, now_s: float) -> Reject | None:
+    def refusal(self, now_s: float) -> Refusal | None:
         """The 503 a new request gets now (``fail_mode: closed`` while the others are unseen)."""
         return self.gate.refusal(now_s, self.connected, self.last_sync_s)
 

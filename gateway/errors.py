@@ -17,6 +17,9 @@
     ├── ServiceUnavailable  503       no routable replica (with Retry-After)
     └── GatewayTimeout      504       connect, first byte or idle timeout upstream
 
+A decision's ``Refusal`` (admission's value: status, reason, message, Retry-After) becomes one of
+these in exactly one place, ``refusal_error``; ``Retry-After`` and ``retry-after-ms`` are rendered
+only by ``RetryAfter.headers``.
 Failures of the completion routes' replica client (``gateway.replica_http``) are translated into
 this tree in exactly one place, ``translate_upstream``.
 Replica 4xx answers are not errors here: they pass through as the replica wrote them.
@@ -27,10 +30,12 @@ the fleet's addresses); the log line of the same failure carries both.
 from __future__ import annotations
 
 import logging
-import math
 
 import orjson
 
+from admission.decision import Refusal
+from admission.retry_after import RetryAfter
+from admission.retry_after import retry_after as retry_after_hint
 from gateway.replica_http import (
     ReplicaConnectError,
     ReplicaDisconnected,
@@ -52,11 +57,15 @@ class GatewayError(Exception):
         param: str | None = None,
         retry_after_s: float | None = None,
         reason: str | None = None,
+        retry_after: RetryAfter | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
-        self.retry_after_s = retry_after_s
+        self.retry_after = retry_after
+        """When to come back: an admission refusal's hint, or ``retry_after_s`` as it was given."""
+        if retry_after is None and retry_after_s is not None:
+            self.retry_after = retry_after_hint(retry_after_s, retry_after_s)
         self.reason = reason
         """Why the gateway decided so (an admission reason such as ``kv_capacity``), when it did."""
 
@@ -73,11 +82,13 @@ class GatewayError(Exception):
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         headers = [(b"content-type", b"application/json")]
-        if self.retry_after_s is not None:
-            seconds = max(1, math.ceil(self.retry_after_s))
-            headers.append((b"retry-after", str(seconds).encode()))
-            headers.append((b"retry-after-ms", str(max(1, round(self.retry_after_s * 1000))).encode()))
+        if self.retry_after is not None:
+            headers += [(name.encode(), value.encode()) for name, value in self.retry_after.headers().items()]
         return headers
+
+    def event(self) -> bytes:
+        """How a stream that already started ends on this error: it as an event, then ``[DONE]``."""
+        return b"data: " + self.body() + b"\n\ndata: [DONE]\n\n"
 
 
 class BadRequest(GatewayError):
@@ -189,3 +200,15 @@ def upstream_status_error(
     if status == 504:
         return GatewayTimeout(f"replica {replica_name} timed out (504){suffix}")
     return BadGateway(f"replica {replica_name} answered {status}{suffix}")
+
+
+_REFUSALS: dict[int, type[GatewayError]] = {400: BadRequest, 401: Unauthorized, 503: ServiceUnavailable}
+
+
+def refusal_error(refusal: Refusal) -> GatewayError:
+    """The one place a decision's refusal becomes what the client receives: its status's error,
+    its message and reason, and its Retry-After (``RetryAfter.headers``)."""
+    error_class = _REFUSALS.get(refusal.status, TooManyRequests)
+    return error_class(
+        refusal.message, param=refusal.param, reason=refusal.reason.value, retry_after=refusal.retry_after
+    )

@@ -1,11 +1,11 @@
 """Active health checks: each replica's health path, probed on an interval.
 
 Each probe's outcome (200 is a success; any other status, a timeout or a refused connection is a
-failure) goes to the decider's ``HealthTracker``, the same state machine that passive observations
-of real requests feed, so one set of thresholds (the ``health`` section) decides when a replica is
-routable, ejected and back. ``/readyz`` is true while at least one replica is routable. A probe
-carries the pool's ``api_key`` (vLLM's ``--api-key`` guards only ``/v1/*``, but a proxy in front of
-a replica may guard everything).
+failure) goes to the fleet's ``HealthTracker`` (``gateway.fleet``), the same state machine that
+passive observations of real requests feed, so one set of thresholds (the ``health`` section)
+decides when a replica is routable, ejected and back. ``/readyz`` is true while at least one
+replica is routable. A probe carries the pool's ``api_key`` (vLLM's ``--api-key`` guards only
+``/v1/*``, but a proxy in front of a replica may guard everything).
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class ProxyRequest:
     queue_wait_s: float | None = None
     """Seconds from arrival until the admission queue let the request go; None: never queued."""
     first_token_s: float | None = None
-    """When the first token reached the client (the decider's clock)."""
+    """When the first token reached the client (the gateway's clock)."""
     status: int = 0
     """The HTTP status the client was answered with; 0 until then."""
     error: GatewayError | None = None

@@ -14,7 +14,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 
-from gateway.decide import KvgateDecider
+from gateway.dispatcher import Dispatcher
+from gateway.fleet import Fleet
 from gateway.signals_window import ModelWork, PoolWork, ReplicaWork
 from gateway.state import GatewayState
 from vocabulary.replica import Role
@@ -24,13 +25,15 @@ class FleetWork:
     def __init__(
         self,
         state: GatewayState,
-        decider: KvgateDecider,
+        dispatcher: Dispatcher,
+        fleet: Fleet,
         scrape_stale_s: float,
         warmup_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = state
-        self._decider = decider
+        self._dispatcher = dispatcher
+        self._fleet = fleet
         self._scrape_stale_s = scrape_stale_s
         self._warmup_s = warmup_s
         self._clock = clock
@@ -43,13 +46,13 @@ class FleetWork:
             models[name] = defaultdict(lambda: [0, 0, 0, 0, 0])
             for model in state.pool_models(pool):
                 models[name][model] = [0, 0, 0, 0, 0]
-        for request in self._decider.queued_requests():
+        for request in self._dispatcher.queued_requests():
             if request.admission is not None:
-                row = models[self._decider.pool_of(request.model)][request.model]
+                row = models[self._fleet.pool_of(request.model)][request.model]
                 row[0] += 1
                 row[1] += request.admission.cost.prompt_tokens
         replicas: dict[str, list[ReplicaWork]] = {p: [] for p in state.pools}
-        views = {v.replica_id: v for v in self._decider.views(now_s)}
+        views = {v.replica_id: v for v in self._fleet.views(now_s)}
         for replica in state.replicas.values():
             held = state.ledger.resident(replica.replica_id)
             for reservation in held:

@@ -487,7 +487,8 @@ async def time_clients(total: int, concurrency: int) -> tuple[float, float]:
 async def time_decisions(total: int, held: int = 32) -> float:
     """CPU microseconds per request of the decision path alone (see the module docstring)."""
     from config.loader import parse_config
-    from gateway.decide import KvgateDecider, Route
+    from gateway.decision_path import DecisionPath
+    from gateway.dispatcher import Route
     from gateway.metrics import GatewayMetrics
     from gateway.state import GatewayState, ProxyRequest
     from routing.health import Outcome
@@ -495,27 +496,30 @@ async def time_decisions(total: int, held: int = 32) -> float:
     ports = range(9000, 9004)
     config = parse_config(orjson.loads(_gateway_config(list(ports), 0)), {})
     state = GatewayState.from_config(config)
-    decider = KvgateDecider(state, config, GatewayMetrics())
+    path = DecisionPath.build(state, config, GatewayMetrics())
     for replica in state.replicas.values():
-        decider.observe_outcome(replica, Outcome.SUCCESS)
+        path.fleet.observe_outcome(replica, Outcome.SUCCESS)
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
     raw = orjson.dumps(body)
     in_flight: list[tuple[ProxyRequest, Route]] = []
     async with aiohttp.ClientSession() as session:
-        decider.session = session
+        path.pricer.session = session
         start_s = time.process_time()
         for i in range(total):
             request = ProxyRequest(str(i), str(i), "/v1/chat/completions", MODEL, False, body, raw, [], [])
-            route = await decider.decide(request)
+            request.arrived_s = path.clock()
+            refusal = await path.pricer.price(request)
+            route = await path.dispatcher.admit(request) if refusal is None else refusal
             assert isinstance(route, Route), route
             in_flight.append((request, route))
             if len(in_flight) > held:
                 done, done_route = in_flight.pop(0)
-                now_s = time.monotonic()
-                decider.first_token(done, done_route.replica, now_s)
+                now_s = path.clock()
+                path.accounting.first_token(done, done_route.replica, now_s)
                 done.prompt_tokens, done.completion_tokens = 8, CHUNKS
-                decider.finished(done, done_route.replica, None, now_s)
-                decider.release(done, done_route)
+                path.accounting.finished(done, done_route.replica, None, now_s)
+                path.accounting.closed(done, done_route.replica)
+                path.dispatcher.release(done)
         return (time.process_time() - start_s) / total * 1e6
 
 

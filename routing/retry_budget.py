@@ -51,7 +51,7 @@ class RetryBudget:
         while stamps and stamps[0] <= oldest_s:
             stamps.popleft()
 
-    def decide(self, now_s: float, retries_so_far: int, first_byte_sent: bool) -> RetryVerdict:
+    def allow(self, now_s: float, retries_so_far: int, first_byte_sent: bool) -> RetryVerdict:
         """Whether this request may retry now; an allowed retry is spent from the budget."""
         if first_byte_sent:
             return RetryVerdict(False, "first_byte_sent")

@@ -4,12 +4,16 @@ Two guards, both worst-case: the replica's KV cache must hold every admitted seq
 ``prompt + max_output`` length (so vLLM never has to preempt), and its active sequences must stay
 below the inter-token-latency guard (one more sequence slows every sequence already decoding), with a
 request of ``n`` sequences taking ``n`` of them.
-Routing filters and the admission decision both ask this one question, so they cannot disagree.
+Routing filters and the admission decision both ask this one question.
+
+``routable`` is the other question both ask first: may the replica take a request for this model
+at all now (healthy, ready, out of back-off, serving the model, and not a decode-only replica,
+which takes work only by hand-off)?
 """
 
 from __future__ import annotations
 
-from vocabulary.replica import ReplicaView
+from vocabulary.replica import ReplicaView, Role
 
 
 def kv_room_tokens(view: ReplicaView) -> int:
@@ -23,4 +27,14 @@ def fits(view: ReplicaView, kv_tokens: int, sequences: int, max_active_sequences
     return (
         kv_tokens <= view.capacity_kv_tokens - load.reserved_kv_tokens
         and load.resident_sequences + sequences <= max_active_sequences
+    )
+
+
+def routable(view: ReplicaView, model: str, now_s: float) -> bool:
+    return (
+        view.healthy
+        and view.ready_since_s is not None
+        and view.backoff_until_s <= now_s
+        and model in view.models
+        and view.role is not Role.DECODE
     )

@@ -50,7 +50,7 @@ async def assert_idle(gw: RunningGateway) -> None:
     )
     assert await eventually(lambda: gw.state.ledger_totals() == ReplicaLoad()), gw.state.ledger_totals()
     assert gw.state.queued == 0
-    controller = gw.gateway.decider.controller
+    controller = gw.gateway.path.dispatcher.controller
     assert controller.queue_stats(0.0).requests == 0
     an_hour_on_s = time.monotonic() + 3600.0
     assert controller.queue_stats(an_hour_on_s).promised_requests == 0, "every Retry-After promise lapses"

@@ -113,7 +113,7 @@ async def test_sdk_default_retries_claim_their_promised_slots_and_leave_none_beh
         retries = [int(a.http_request.headers["x-stainless-retry-count"]) for a in answers]
         assert max(retries) >= 1, "16 requests of ~560 KV tokens cannot all fit 4000 tokens at once"
         assert all(a.parse().usage is not None for a in answers)
-        controller = gw.gateway.decider.controller
+        controller = gw.gateway.path.dispatcher.controller
         assert controller.queue_stats(time.monotonic()).promised_requests == 0
         await assert_idle(gw)
 
@@ -152,7 +152,7 @@ async def test_a_queued_client_that_leaves_is_dropped_from_the_queue_at_once() -
             assert await eventually(lambda: gw.state.queued == 1)
             waiter.cancel()
             assert await eventually(lambda: gw.state.queued == 0, timeout_s=0.5)
-            assert gw.gateway.decider.controller.queue_stats(0.0).requests == 0
+            assert gw.gateway.path.dispatcher.controller.queue_stats(0.0).requests == 0
             assert gw.state.ledger_totals().resident_sequences == 7, "the holders are still running"
             answers = await asyncio.gather(*holders)
             assert all(a.status_code == 200 for a in answers)
@@ -216,7 +216,7 @@ async def test_the_replica_tokenizer_counts_exactly_and_usage_calibrates_streams
             assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
             streamed = await http.post("/v1/completions", json=completion(8, stream=True))
             assert streamed.status_code == 200 and b'"usage"' not in streamed.content
-            calibration = gw.gateway.decider.controller.calibration.prompt(MODEL)
+            calibration = gw.gateway.path.dispatcher.controller.calibration.prompt(MODEL)
             assert calibration is not None
             assert calibration.requests == 2
             assert calibration.estimated_tokens_total == calibration.actual_tokens_total
@@ -235,7 +235,7 @@ async def test_a_large_prompt_is_counted_off_the_event_loop_and_matches_the_repl
                 "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": 4}
             )
         assert answer.status_code == 200
-        calibration = gw.gateway.decider.controller.calibration.prompt(MODEL)
+        calibration = gw.gateway.path.dispatcher.controller.calibration.prompt(MODEL)
         assert calibration is not None
         assert (
             calibration.estimated_tokens_total

@@ -45,7 +45,7 @@ def completion(max_tokens: int) -> dict[str, Any]:
 def seen_load(gw: RunningGateway, replica_id: str) -> ReplicaLoad:
     """The load ``gw`` decides on for ``replica_id``: its own ledger plus the other gateways'."""
     now_s = time.monotonic()
-    return next(v.load for v in gw.gateway.decider.views(now_s) if v.replica_id == replica_id)
+    return next(v.load for v in gw.gateway.path.fleet.views(now_s) if v.replica_id == replica_id)
 
 
 async def test_reservations_through_one_gateway_hold_requests_back_at_the_other(redis_url: str) -> None:

@@ -75,7 +75,7 @@ async def test_no_routable_replica_is_counted_as_503_no_replica() -> None:
 
 
 def health_of(gw: RunningGateway, url: str) -> HealthState:
-    return gw.gateway.decider.health.get(url).state
+    return gw.gateway.path.fleet.health.get(url).state
 
 
 async def test_a_dead_replica_counts_its_errors_by_kind_the_retries_and_its_ejection() -> None:

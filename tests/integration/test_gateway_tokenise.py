@@ -34,7 +34,7 @@ def _config(fleet: SimFleet, max_model_len: int, **model: Any) -> Any:
 
 
 def _encoder(gw: RunningGateway) -> PromptEncoder:
-    return gw.gateway.decider._encoder
+    return gw.gateway.path.pricer.encoder
 
 
 def _completion(prompt: str) -> dict[str, Any]:

@@ -16,8 +16,10 @@ import httpx
 import pytest
 
 from admission.cost import CostEstimate
+from admission.decision import Refusal
 from config.schema import GatewayConfig
-from gateway.decide import KvgateDecider, Route
+from gateway.decision_path import DecisionPath
+from gateway.dispatcher import Route
 from gateway.metrics import GatewayMetrics
 from gateway.server import running_gateway
 from gateway.state import GatewayState, ProxyRequest
@@ -40,29 +42,35 @@ def proxy_request(i: int, max_tokens: int = 900) -> ProxyRequest:
     return ProxyRequest(f"r{i}", f"r{i}", "/v1/completions", MODEL, False, body, b"{}", [], [])
 
 
+async def admit(path: DecisionPath, request: ProxyRequest) -> Route | Refusal:
+    request.arrived_s = path.clock()
+    refusal = await path.pricer.price(request)
+    return refusal if refusal is not None else await path.dispatcher.admit(request)
+
+
 async def test_a_waiter_cancelled_just_before_the_pump_runs_is_not_routed_and_nothing_leaks() -> None:
     state = GatewayState.from_config(config(["http://127.0.0.1:9"]))
-    decider = KvgateDecider(state, config(["http://127.0.0.1:9"]), GatewayMetrics())
+    path = DecisionPath.build(state, config(["http://127.0.0.1:9"]), GatewayMetrics())
     for replica in state.replicas.values():
-        decider.observe_outcome(replica, Outcome.SUCCESS)
+        path.fleet.observe_outcome(replica, Outcome.SUCCESS)
     holders = [proxy_request(i) for i in range(4)]
-    routes = [await decider.decide(request) for request in holders]
+    routes = [await admit(path, request) for request in holders]
     assert all(isinstance(route, Route) for route in routes)
     waiters = [proxy_request(100 + i) for i in range(3)]
-    tasks = [asyncio.create_task(decider.decide(request)) for request in waiters]
+    tasks = [asyncio.create_task(admit(path, request)) for request in waiters]
     await asyncio.sleep(0)
     assert state.queued == 3
     for task in tasks:
         task.cancel()
     for request, route in zip(holders, routes, strict=True):
         assert isinstance(route, Route)
-        decider.release(request, route)
+        path.dispatcher.release(request)
     for task in tasks:
         with pytest.raises(asyncio.CancelledError):
             await task
     assert state.ledger.totals() == ReplicaLoad(), "no reservation for a client that left"
     assert state.queued == 0
-    assert decider.controller.queue_stats(0.0).requests == 0
+    assert path.dispatcher.controller.queue_stats(0.0).requests == 0
 
 
 async def test_a_storm_of_queued_clients_hanging_up_returns_every_gauge_to_zero() -> None:
@@ -141,7 +149,9 @@ async def test_a_retry_goes_only_where_admission_would_admit_it() -> None:
             body = {"model": MODEL, "prompt": "hold", "max_tokens": 300, "ignore_eos": True, "stream": True}
             holder = asyncio.create_task(http.post("/v1/completions", json=body))
             assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 1)
-            (busy,) = [r.replica.replica_id for r in gw.gateway.decider.routed_requests() if r.replica]
+            (busy,) = [
+                r.replica.replica_id for r in gw.gateway.path.dispatcher.routed_requests() if r.replica
+            ]
             idle = next(i for i, url in enumerate(fleet.urls) if url != busy)
             await fleet.kill(idle)
             answer = await http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 5})

@@ -73,7 +73,7 @@ async def until_picked(http: httpx.AsyncClient, busy: BusyReplica, first_index: 
 
 
 def health_state(gw: RunningGateway, url: str) -> HealthState:
-    return gw.gateway.decider.health.get(url).state
+    return gw.gateway.path.fleet.health.get(url).state
 
 
 async def test_a_replica_answering_429_is_avoided_for_its_retry_after_not_ejected_then_used_again() -> None:
@@ -87,7 +87,7 @@ async def test_a_replica_answering_429_is_avoided_for_its_retry_after_not_ejecte
             routing={"warmup_s": 0},
         )
         async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
-            health = gw.gateway.decider.health
+            health = gw.gateway.path.fleet.health
             assert await eventually(lambda: all(r.healthy for r in gw.state.replicas.values()))
             statuses = await until_picked(http, busy, 0)
             assert busy.completions == 1, statuses

@@ -28,7 +28,7 @@ def config_for(fleet: SimFleet) -> Any:
 
 
 def health_of(gw: RunningGateway, url: str) -> HealthState:
-    return gw.gateway.decider.health.get(url).state
+    return gw.gateway.path.fleet.health.get(url).state
 
 
 async def stream(http: httpx.AsyncClient, request_id: str, started: asyncio.Event) -> bytes:
@@ -65,7 +65,7 @@ async def test_a_killed_replica_ends_its_streams_cleanly_others_go_elsewhere_and
             await asyncio.gather(*(e.wait() for e in events))
             on_dead = {
                 request.x_request_id
-                for request in gw.gateway.decider.routed_requests()
+                for request in gw.gateway.path.dispatcher.routed_requests()
                 if request.replica is not None and request.replica.replica_id == dead
             }
             assert on_dead, "the least-load policy spreads six streams over both replicas"
@@ -104,7 +104,7 @@ async def test_a_replica_removed_from_its_pool_is_forgotten_by_routing_and_healt
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
             answers = await asyncio.gather(*(short(http, i) for i in range(8)))
             assert [a.status_code for a in answers] == [200] * 8
-            index = gw.gateway.decider.router.prefix_index
+            index = gw.gateway.path.dispatcher.router.prefix_index
             assert index.size_blocks(gone) > 0 and health_of(gw, gone) is HealthState.HEALTHY
             gw.state.set_pool_urls("default", [kept])
             assert index.size_blocks(gone) == 0

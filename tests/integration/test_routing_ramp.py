@@ -52,7 +52,7 @@ async def stream_until(http: httpx.AsyncClient, end_s: float, first_index: int) 
 
 
 async def ready_since_s(gw: RunningGateway, url: str) -> float:
-    health = gw.gateway.decider.health
+    health = gw.gateway.path.fleet.health
     assert await eventually(lambda: health.get(url).state is HealthState.HEALTHY)
     ready_s = health.get(url).ready_since_s
     assert ready_s is not None

@@ -7,11 +7,12 @@ import pytest
 
 from admission.controller import AdmissionController
 from admission.cost import CostEstimate
-from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Queue, Reject, RejectReason
+from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Queue, Refusal, RefusalReason
 from admission.ledger import InMemoryLedger
 from admission.retry_after import ServiceRates
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig, PriorityClass, TenantConfig
+from vocabulary.fleet import FleetSnapshot
 from vocabulary.replica import ReplicaView, Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -49,8 +50,11 @@ class Fleet:
             for rid, cap in self.capacities.items()
         ]
 
-    def decide(self, request: AdmissionRequest) -> Decision:
-        decision = self.controller.decide(request, self.views(), self.now_s)
+    def snapshot(self, now_s: float | None = None) -> FleetSnapshot:
+        return FleetSnapshot(self.now_s if now_s is None else now_s, tuple(self.views()))
+
+    def admit(self, request: AdmissionRequest) -> Decision:
+        decision = self.controller.admit(request, self.snapshot())
         if isinstance(decision, Admit):
             self.ledger.reserve(
                 request.request_id, decision.candidates[0].replica_id, request.cost, self.now_s
@@ -62,7 +66,7 @@ class Fleet:
         return self.pump()
 
     def pump(self) -> list[Dispatch]:
-        dispatches = self.controller.on_capacity_freed(self.views(), self.now_s)
+        dispatches = self.controller.on_capacity_freed(self.snapshot())
         for d in dispatches:
             self.ledger.reserve(d.request.request_id, d.candidates[0].replica_id, d.request.cost, self.now_s)
         return dispatches
@@ -78,7 +82,7 @@ def req(
 
 def test_admits_with_candidates_that_fit_most_room_first() -> None:
     fleet = Fleet(AdmissionConfig(), {"small": 1000, "big": 5000, "tiny": 100})
-    decision = fleet.decide(req(300, 300))
+    decision = fleet.admit(req(300, 300))
     assert isinstance(decision, Admit)
     assert [v.replica_id for v in decision.candidates] == ["big", "small"]
 
@@ -96,7 +100,7 @@ def test_admits_with_candidates_that_fit_most_room_first() -> None:
 def test_unroutable_replicas_are_never_candidates(override: dict[str, object]) -> None:
     fleet = Fleet(AdmissionConfig(), {"a": 1000, "b": 1000})
     fleet.overrides["a"] = override
-    decision = fleet.decide(req(10, 10))
+    decision = fleet.admit(req(10, 10))
     assert isinstance(decision, Admit)
     assert [v.replica_id for v in decision.candidates] == ["b"]
 
@@ -104,35 +108,35 @@ def test_unroutable_replicas_are_never_candidates(override: dict[str, object]) -
 def test_503_when_nothing_is_routable_with_retry_after_from_backoff() -> None:
     fleet = Fleet(AdmissionConfig(no_replica_retry_after_s=7.0), {"a": 1000})
     fleet.overrides["a"] = {"backoff_until_s": 2.5}
-    decision = fleet.decide(req(10, 10))
-    assert isinstance(decision, Reject)
-    assert (decision.status, decision.reason, decision.retry_after_s) == (503, RejectReason.NO_REPLICA, 3)
-    assert decision.headers() == {"retry-after": "3", "retry-after-ms": "2500"}
+    decision = fleet.admit(req(10, 10))
+    assert isinstance(decision, Refusal)
+    assert (decision.status, decision.reason, decision.retry_after_s) == (503, RefusalReason.NO_REPLICA, 3)
+    assert decision.retry_after.headers() == {"retry-after": "3", "retry-after-ms": "2500"}
     fleet.overrides["a"] = {"healthy": False}
-    decision = fleet.decide(req(10, 10))
-    assert isinstance(decision, Reject) and decision.retry_after_s == 7
+    decision = fleet.admit(req(10, 10))
+    assert isinstance(decision, Refusal) and decision.retry_after_s == 7
 
 
 def test_400_when_no_replica_could_ever_hold_it() -> None:
     fleet = Fleet(AdmissionConfig(), {"a": 1000})
-    decision = fleet.decide(req(600, 401))
-    assert isinstance(decision, Reject)
-    assert (decision.status, decision.reason, decision.retry_after) == (400, RejectReason.KV_CAPACITY, None)
+    decision = fleet.admit(req(600, 401))
+    assert isinstance(decision, Refusal)
+    assert (decision.status, decision.reason, decision.retry_after) == (400, RefusalReason.KV_CAPACITY, None)
 
 
 def test_sequence_guard_queues_even_with_kv_room() -> None:
     fleet = Fleet(AdmissionConfig(max_active_sequences_per_replica=2), {"a": 10**6})
-    assert isinstance(fleet.decide(req(10, 10)), Admit)
-    assert isinstance(fleet.decide(req(10, 10)), Admit)
-    assert isinstance(fleet.decide(req(10, 10)), Queue)
+    assert isinstance(fleet.admit(req(10, 10)), Admit)
+    assert isinstance(fleet.admit(req(10, 10)), Admit)
+    assert isinstance(fleet.admit(req(10, 10)), Queue)
 
 
 def test_queue_then_dispatch_on_release() -> None:
     fleet = Fleet(AdmissionConfig(), {"a": 1000})
     first = req(400, 400)
-    assert isinstance(fleet.decide(first), Admit)
+    assert isinstance(fleet.admit(first), Admit)
     second = req(300, 300)
-    queued = fleet.decide(second)
+    queued = fleet.admit(second)
     assert isinstance(queued, Queue)
     assert 0.0 < queued.expected_wait_s <= 30.0
     assert fleet.controller.queue_stats(0.0).requests == 1
@@ -146,58 +150,58 @@ def test_queue_then_dispatch_on_release() -> None:
 
 def test_expected_wait_beyond_budget_is_429_kv_capacity_with_retry_after() -> None:
     fleet = Fleet(AdmissionConfig(max_queue_wait_s=1.0), {"a": 1000})
-    assert isinstance(fleet.decide(req(100, 800)), Admit)  # 800 tokens at 10 ms: ~8 s to drain
-    decision = fleet.decide(req(100, 100))
-    assert isinstance(decision, Reject)
-    assert (decision.status, decision.reason) == (429, RejectReason.KV_CAPACITY)
+    assert isinstance(fleet.admit(req(100, 800)), Admit)  # 800 tokens at 10 ms: ~8 s to drain
+    decision = fleet.admit(req(100, 100))
+    assert isinstance(decision, Refusal)
+    assert (decision.status, decision.reason) == (429, RefusalReason.KV_CAPACITY)
     assert decision.retry_after is not None
     assert decision.retry_after.expected_s == pytest.approx(100 / 10_000 + 8.0)
-    assert decision.headers() == {"retry-after": "9", "retry-after-ms": "8010"}
+    assert decision.retry_after.headers() == {"retry-after": "9", "retry-after-ms": "8010"}
     assert fleet.controller.queue_stats(0.0).requests == 0
 
 
 def test_client_deadline_shorter_than_budget_gives_reason_deadline() -> None:
     fleet = Fleet(AdmissionConfig(max_queue_wait_s=30.0), {"a": 1000})
-    assert isinstance(fleet.decide(req(100, 800)), Admit)
-    decision = fleet.decide(req(100, 100, timeout_s=2.0))
-    assert isinstance(decision, Reject) and decision.reason is RejectReason.DEADLINE
-    assert isinstance(fleet.decide(req(100, 100, timeout_s=60.0)), Queue)
+    assert isinstance(fleet.admit(req(100, 800)), Admit)
+    decision = fleet.admit(req(100, 100, timeout_s=2.0))
+    assert isinstance(decision, Refusal) and decision.reason is RefusalReason.DEADLINE
+    assert isinstance(fleet.admit(req(100, 100, timeout_s=60.0)), Queue)
 
 
 def test_retry_after_is_capped_for_the_sdk() -> None:
     fleet = Fleet(AdmissionConfig(max_queue_wait_s=1.0, retry_after_cap_s=60.0), {"a": 100_000})
     fleet.controller.observe_rates(ServiceRates(inter_token_s=1.0, prefill_tokens_per_s=10_000))
-    assert isinstance(fleet.decide(req(100, 99_000)), Admit)
-    decision = fleet.decide(req(100, 1000))
-    assert isinstance(decision, Reject) and decision.retry_after is not None
+    assert isinstance(fleet.admit(req(100, 99_000)), Admit)
+    decision = fleet.admit(req(100, 1000))
+    assert isinstance(decision, Refusal) and decision.retry_after is not None
     assert decision.retry_after.expected_s > 1000
-    assert decision.headers() == {"retry-after": "60", "retry-after-ms": "60000"}
+    assert decision.retry_after.headers() == {"retry-after": "60", "retry-after-ms": "60000"}
 
 
 def test_queue_full_in_requests_and_in_tokens() -> None:
     fleet = Fleet(AdmissionConfig(queue_max_requests=1, queue_max_tokens=500), {"a": 1000})
-    assert isinstance(fleet.decide(req(500, 500)), Admit)
-    assert isinstance(fleet.decide(req(100, 100)), Queue)
-    full = fleet.decide(req(10, 10))
-    assert isinstance(full, Reject) and full.reason is RejectReason.QUEUE_FULL and full.status == 429
+    assert isinstance(fleet.admit(req(500, 500)), Admit)
+    assert isinstance(fleet.admit(req(100, 100)), Queue)
+    full = fleet.admit(req(10, 10))
+    assert isinstance(full, Refusal) and full.reason is RefusalReason.QUEUE_FULL and full.status == 429
     tokens = Fleet(AdmissionConfig(queue_max_tokens=500), {"a": 1000})
-    assert isinstance(tokens.decide(req(500, 500)), Admit)
-    too_big = tokens.decide(req(300, 201))
-    assert isinstance(too_big, Reject) and too_big.reason is RejectReason.QUEUE_FULL
+    assert isinstance(tokens.admit(req(500, 500)), Admit)
+    too_big = tokens.admit(req(300, 201))
+    assert isinstance(too_big, Refusal) and too_big.reason is RefusalReason.QUEUE_FULL
 
 
 def test_newcomer_does_not_take_room_queued_work_would_get() -> None:
     fleet = Fleet(AdmissionConfig(), {"a": 1000})
     blocker = req(450, 450)
-    assert isinstance(fleet.decide(blocker), Admit)
+    assert isinstance(fleet.admit(blocker), Admit)
     waiting = req(200, 200)
-    assert isinstance(fleet.decide(waiting), Queue)
+    assert isinstance(fleet.admit(waiting), Queue)
     fleet.ledger.release(blocker.request_id)  # freed, but the queue has not been pumped yet
     newcomer = req(200, 200)
-    newcomer_decision = fleet.decide(newcomer)
+    newcomer_decision = fleet.admit(newcomer)
     assert isinstance(newcomer_decision, Admit)  # room for both: the queued one is counted first
     squeezed = req(150, 150)
-    assert isinstance(fleet.decide(squeezed), Queue)  # 400 reserved + 400 owed to the queue + 300 > 1000
+    assert isinstance(fleet.admit(squeezed), Queue)  # 400 reserved + 400 owed to the queue + 300 > 1000
     [dispatch] = fleet.pump()
     assert dispatch.request == waiting
     assert fleet.controller.queue_stats(0.0).requests == 1
@@ -206,12 +210,12 @@ def test_newcomer_does_not_take_room_queued_work_would_get() -> None:
 def test_higher_priority_newcomer_goes_ahead_of_queued_work() -> None:
     fleet = Fleet(AdmissionConfig(), {"a": 1000})
     blocker = req(300, 300)
-    assert isinstance(fleet.decide(blocker), Admit)
-    assert isinstance(fleet.decide(req(300, 300)), Queue)
+    assert isinstance(fleet.admit(blocker), Admit)
+    assert isinstance(fleet.admit(req(300, 300)), Queue)
     fleet.ledger.release(blocker.request_id)
-    urgent = fleet.decide(req(300, 300, tenant=Tenant("pager", priority=PriorityClass.CRITICAL)))
+    urgent = fleet.admit(req(300, 300, tenant=Tenant("pager", priority=PriorityClass.CRITICAL)))
     assert isinstance(urgent, Admit)
-    assert isinstance(fleet.decide(req(300, 300)), Queue)
+    assert isinstance(fleet.admit(req(300, 300)), Queue)
 
 
 def test_large_request_neither_blocks_small_ones_forever_nor_starves() -> None:
@@ -238,9 +242,9 @@ def test_large_request_neither_blocks_small_ones_forever_nor_starves() -> None:
                     else:
                         small_admitted_after += 1
         if tick == 5:
-            assert isinstance(fleet.decide(big), Queue)
+            assert isinstance(fleet.admit(big), Queue)
         small = req(50, 50)
-        decision = fleet.decide(small)
+        decision = fleet.admit(small)
         if isinstance(decision, Admit):
             running[small.request_id] = fleet.now_s + 1.0
             if big_dispatched_at is None:
@@ -258,17 +262,18 @@ def test_tenant_budget_429_and_refund_on_cancel() -> None:
     fleet = Fleet(config, {"a": 500})
     tenant = fleet.controller.tenants.identify("k")
     assert tenant is not None and tenant.tokens_per_min == 600
-    assert isinstance(fleet.decide(req(250, 250, tenant)), Admit)
-    queued = fleet.decide(req(50, 50, tenant))
+    assert isinstance(fleet.admit(req(250, 250, tenant)), Admit)
+    queued = fleet.admit(req(50, 50, tenant))
     assert isinstance(queued, Queue)
-    over = fleet.decide(req(50, 50, tenant))
-    assert isinstance(over, Reject)
-    assert (over.status, over.reason) == (429, RejectReason.TENANT_BUDGET)
-    assert over.headers() == {"retry-after": "10", "retry-after-ms": "10000"}  # 100 tokens at 10/s
+    over = fleet.admit(req(50, 50, tenant))
+    assert isinstance(over, Refusal)
+    assert (over.status, over.reason) == (429, RefusalReason.TENANT_BUDGET)
+    # 100 tokens at 10 per second
+    assert over.retry_after.headers() == {"retry-after": "10", "retry-after-ms": "10000"}
     assert fleet.controller.cancel(queued.ticket)
     assert not fleet.controller.cancel(queued.ticket)
     assert fleet.controller.queue_stats(0.0).requests == 0
-    assert isinstance(fleet.decide(req(50, 50, tenant)), Queue)  # the refund made room in the budget
+    assert isinstance(fleet.admit(req(50, 50, tenant)), Queue)  # the refund made room in the budget
 
 
 def test_tenant_budget_wait_is_the_refill_time() -> None:
@@ -276,42 +281,42 @@ def test_tenant_budget_wait_is_the_refill_time() -> None:
     fleet = Fleet(config, {"a": 10_000})
     tenant = fleet.controller.tenants.identify("k")
     assert tenant is not None
-    assert isinstance(fleet.decide(req(30, 30, tenant)), Admit)
-    over = fleet.decide(req(10, 10, tenant))
-    assert isinstance(over, Reject) and over.retry_after is not None
+    assert isinstance(fleet.admit(req(30, 30, tenant)), Admit)
+    over = fleet.admit(req(10, 10, tenant))
+    assert isinstance(over, Refusal) and over.retry_after is not None
     assert over.retry_after.expected_s == pytest.approx(20.0)
 
 
 def test_queued_requests_expire_with_the_right_reason() -> None:
     fleet = Fleet(AdmissionConfig(max_queue_wait_s=30.0), {"a": 1000})
-    assert isinstance(fleet.decide(req(500, 500)), Admit)
-    patient = fleet.decide(req(10, 10))
-    hasty = fleet.decide(req(10, 10, timeout_s=9.0))
+    assert isinstance(fleet.admit(req(500, 500)), Admit)
+    patient = fleet.admit(req(10, 10))
+    hasty = fleet.admit(req(10, 10, timeout_s=9.0))
     assert isinstance(patient, Queue) and isinstance(hasty, Queue)
     assert hasty.expires_at_s == 9.0 and patient.expires_at_s == 30.0
-    assert fleet.controller.expire(8.9) == []
-    [gone] = fleet.controller.expire(9.0)
+    assert fleet.controller.expire(fleet.snapshot(8.9)) == []
+    [gone] = fleet.controller.expire(fleet.snapshot(9.0))
     assert gone.ticket == hasty.ticket
-    assert (gone.reject.status, gone.reject.reason) == (429, RejectReason.DEADLINE)
-    assert gone.reject.retry_after is not None
-    [late] = fleet.controller.expire(30.0)
-    assert late.ticket == patient.ticket and late.reject.reason is RejectReason.KV_CAPACITY
+    assert (gone.refusal.status, gone.refusal.reason) == (429, RefusalReason.DEADLINE)
+    assert gone.refusal.retry_after is not None
+    [late] = fleet.controller.expire(fleet.snapshot(30.0))
+    assert late.ticket == patient.ticket and late.refusal.reason is RefusalReason.KV_CAPACITY
     assert fleet.controller.queue_stats(30.0).requests == 0
 
 
 def test_requeue_restores_order() -> None:
     fleet = Fleet(AdmissionConfig(), {"a": 1000})
     blocker = req(500, 500)
-    assert isinstance(fleet.decide(blocker), Admit)
+    assert isinstance(fleet.admit(blocker), Admit)
     first, second = req(100, 100), req(100, 100)
-    q1, q2 = fleet.decide(first), fleet.decide(second)
+    q1, q2 = fleet.admit(first), fleet.admit(second)
     assert isinstance(q1, Queue) and isinstance(q2, Queue)
     fleet.ledger.release(blocker.request_id)
-    dispatches = fleet.controller.on_capacity_freed(fleet.views(), 0.0)
+    dispatches = fleet.controller.on_capacity_freed(fleet.snapshot(0.0))
     assert [d.ticket for d in dispatches] == [q1.ticket, q2.ticket]
     for d in reversed(dispatches):
         fleet.controller.requeue(d)
-    again = fleet.controller.on_capacity_freed(fleet.views(), 0.0)
+    again = fleet.controller.on_capacity_freed(fleet.snapshot(0.0))
     assert [d.ticket for d in again] == [q1.ticket, q2.ticket]
 
 
@@ -321,10 +326,10 @@ def test_settle_refunds_unused_output_to_the_budget() -> None:
     tenant = fleet.controller.tenants.identify("k")
     assert tenant is not None
     big = req(100, 900, tenant)
-    assert isinstance(fleet.decide(big), Admit)
-    assert isinstance(fleet.decide(req(100, 100, tenant)), Reject)
+    assert isinstance(fleet.admit(big), Admit)
+    assert isinstance(fleet.admit(req(100, 100, tenant)), Refusal)
     fleet.controller.settle(big, used_tokens=150)
-    assert isinstance(fleet.decide(req(100, 100, tenant)), Admit)
+    assert isinstance(fleet.admit(req(100, 100, tenant)), Admit)
 
 
 @pytest.mark.parametrize("weights", [(1.0, 1.0), (1.0, 3.0)])
@@ -358,7 +363,7 @@ def test_contended_fleet_serves_tokens_in_proportion_to_weights(weights: tuple[f
         for name, (tenant, prompt, output) in tenants.items():
             while queued[name] < backlog[name]:
                 request = req(prompt, output, tenant)
-                decision = fleet.decide(request)
+                decision = fleet.admit(request)
                 if isinstance(decision, Admit):
                     started(request)
                 else:

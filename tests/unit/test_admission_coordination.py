@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from admission.coordination import CoordinationGate, CoordinationStatus, FailMode
-from admission.decision import RejectReason
+from admission.decision import RefusalReason
 
 LEASE_S = 5.0
 NOW_S = 1000.0
@@ -35,7 +35,7 @@ def test_closed_refuses_exactly_while_the_others_are_unseen_and_open_never(
         assert refusal is None
         return
     assert refusal is not None
-    assert (refusal.status, refusal.reason) == (503, RejectReason.COORDINATION_UNAVAILABLE)
+    assert (refusal.status, refusal.reason) == (503, RefusalReason.COORDINATION_UNAVAILABLE)
     assert refusal.retry_after is not None
     assert (refusal.retry_after.seconds, refusal.retry_after.milliseconds) == (1, 500)
 

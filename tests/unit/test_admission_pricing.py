@@ -19,7 +19,7 @@ from admission.cost import (
     requested_work,
 )
 from admission.counting import batch_of
-from admission.decision import AdmissionRequest, Admit, Reject
+from admission.decision import AdmissionRequest, Admit, Refusal
 from admission.ledger import InMemoryLedger
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig, ModelAdmissionConfig
@@ -27,6 +27,7 @@ from config.schema import Model
 from routing.filters import Gate
 from routing.request import RoutingRequest
 from vocabulary.capacity import fits
+from vocabulary.fleet import FleetSnapshot
 from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 CHAT, COMPLETIONS = True, False
@@ -222,12 +223,17 @@ def _request(cost: CostEstimate) -> AdmissionRequest:
 def test_more_sequences_than_any_replica_runs_is_a_400_not_a_wait() -> None:
     controller = AdmissionController(AdmissionConfig(max_active_sequences_per_replica=16), InMemoryLedger())
     views = [_view("a", ReplicaLoad(), max_sequences=32), _view("b", ReplicaLoad(), max_sequences=8)]
-    decision = controller.decide(_request(CostEstimate("m", 10, 17 * 5, 1, sequences=17)), views, 0.0)
-    assert isinstance(decision, Reject)
+    decision = controller.admit(
+        _request(CostEstimate("m", 10, 17 * 5, 1, sequences=17)), FleetSnapshot(0.0, tuple(views))
+    )
+    assert isinstance(decision, Refusal)
     assert (decision.status, decision.param) == (400, "n")
     assert "17 sequences" in decision.message and "at most 16" in decision.message
     assert isinstance(
-        controller.decide(_request(CostEstimate("m", 10, 16 * 5, 1, sequences=16)), views, 0.0), Admit
+        controller.admit(
+            _request(CostEstimate("m", 10, 16 * 5, 1, sequences=16)), FleetSnapshot(0.0, tuple(views))
+        ),
+        Admit,
     )
 
 
@@ -236,6 +242,8 @@ def test_a_replica_short_of_slots_for_every_sequence_is_not_a_candidate() -> Non
     ledger.reserve("held", "a", CostEstimate("m", 10, 6, 1, sequences=6), 0.0)
     controller = AdmissionController(AdmissionConfig(), ledger)
     views = [_view("a", ledger.load("a")), _view("b", ReplicaLoad())]
-    decision = controller.decide(_request(CostEstimate("m", 10, 4, 1, sequences=4)), views, 0.0)
+    decision = controller.admit(
+        _request(CostEstimate("m", 10, 4, 1, sequences=4)), FleetSnapshot(0.0, tuple(views))
+    )
     assert isinstance(decision, Admit)
     assert [v.replica_id for v in decision.candidates] == ["b"]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission.cost import CostEstimate
-from admission.decision import AdmissionRequest, Admit, Queue, Reject, RejectReason
+from admission.decision import AdmissionRequest, Admit, Queue, Refusal, RefusalReason
 from admission.promises import PromiseBook, fingerprint, retry_count
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig, PriorityClass
@@ -41,20 +41,20 @@ def full_fleet(config: AdmissionConfig = NO_QUEUE) -> tuple[Fleet, list[Admissio
     fleet = Fleet(config, {"r": 1000})
     resident = [freq(b"a"), freq(b"b")]
     for request in resident:
-        assert isinstance(fleet.decide(request), Admit)
+        assert isinstance(fleet.admit(request), Admit)
     return fleet, resident
 
 
-def refused(fleet: Fleet, request: AdmissionRequest) -> Reject:
-    decision = fleet.decide(request)
-    assert isinstance(decision, Reject) and decision.retry_after is not None, decision
+def refused(fleet: Fleet, request: AdmissionRequest) -> Refusal:
+    decision = fleet.admit(request)
+    assert isinstance(decision, Refusal) and decision.retry_after is not None, decision
     return decision
 
 
 def test_a_request_back_at_its_retry_after_goes_before_new_arrivals() -> None:
     fleet, resident = full_fleet()
     first = refused(fleet, freq(b"c"))
-    assert first.reason is RejectReason.KV_CAPACITY
+    assert first.reason is RefusalReason.KV_CAPACITY
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
     assert first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s - 0.5
@@ -63,7 +63,7 @@ def test_a_request_back_at_its_retry_after_goes_before_new_arrivals() -> None:
     assert newcomer.retry_after is not None
     assert newcomer.retry_after.expected_s > 0.5
     fleet.now_s = first.retry_after.milliseconds / 1000.0
-    assert isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
     assert fleet.ledger.totals().reserved_kv_tokens == 1000
 
@@ -72,7 +72,7 @@ def test_without_the_promise_the_newcomer_would_have_taken_the_room() -> None:
     fleet, resident = full_fleet()
     fleet.now_s = 3.0
     fleet.release(resident[0].request_id)
-    assert isinstance(fleet.decide(freq(b"d")), Admit)
+    assert isinstance(fleet.admit(freq(b"d")), Admit)
 
 
 def test_unclaimed_promises_expire_and_free_what_they_held() -> None:
@@ -82,7 +82,7 @@ def test_unclaimed_promises_expire_and_free_what_they_held() -> None:
     fleet.release(resident[0].request_id)
     fleet.now_s = first.retry_after.expected_s + NO_QUEUE.promise_grace_s + 0.01
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 0
-    assert isinstance(fleet.decide(freq(b"d")), Admit)
+    assert isinstance(fleet.admit(freq(b"d")), Admit)
 
 
 def test_a_claimant_never_over_commits_the_fleet() -> None:
@@ -90,7 +90,7 @@ def test_a_claimant_never_over_commits_the_fleet() -> None:
     first = refused(fleet, freq(b"c"))
     assert first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s
-    again = fleet.decide(freq(b"c", retry=1))
+    again = fleet.admit(freq(b"c", retry=1))
     assert not isinstance(again, Admit)
     assert fleet.ledger.totals().reserved_kv_tokens == 1000
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
@@ -101,10 +101,10 @@ def test_a_claimant_that_must_wait_is_queued_at_the_head_of_its_class() -> None:
     fleet, resident = full_fleet(config)
     hurried = AdmissionRequest("c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, b"c", 0)
     first = refused(fleet, hurried)
-    assert first.reason is RejectReason.DEADLINE and first.retry_after is not None
+    assert first.reason is RefusalReason.DEADLINE and first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s
-    waiting = fleet.decide(freq(b"e"))
-    claimant = fleet.decide(freq(b"c", retry=1))
+    waiting = fleet.admit(freq(b"e"))
+    claimant = fleet.admit(freq(b"c", retry=1))
     assert isinstance(waiting, Queue) and isinstance(claimant, Queue)
     dispatched = fleet.release(resident[0].request_id)
     assert [d.ticket for d in dispatched] == [claimant.ticket]
@@ -127,8 +127,8 @@ def test_a_promise_never_outranks_a_higher_class() -> None:
     fleet.now_s = first.retry_after.expected_s
     fleet.release(resident[0].request_id)
     critical = Tenant("vip", priority=PriorityClass.CRITICAL)
-    assert isinstance(fleet.decide(freq(b"v", tenant=critical)), Admit)
-    assert not isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+    assert isinstance(fleet.admit(freq(b"v", tenant=critical)), Admit)
+    assert not isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
 
 
 def test_early_return_keeps_its_place_and_is_told_the_time_left() -> None:
@@ -151,8 +151,8 @@ def test_an_identical_first_attempt_does_not_claim_the_promise() -> None:
     assert first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s
     fleet.release(resident[0].request_id)
-    assert not isinstance(fleet.decide(freq(b"c", retry=0)), Admit)
-    assert isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+    assert not isinstance(fleet.admit(freq(b"c", retry=0)), Admit)
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
 
 
 def test_an_identical_body_without_retry_evidence_does_not_claim_the_promise() -> None:
@@ -161,8 +161,8 @@ def test_an_identical_body_without_retry_evidence_does_not_claim_the_promise() -
     assert first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s
     fleet.release(resident[0].request_id)
-    assert not isinstance(fleet.decide(freq(b"c", retry=None)), Admit)
-    assert isinstance(fleet.decide(freq(b"c", retry=1)), Admit)
+    assert not isinstance(fleet.admit(freq(b"c", retry=None)), Admit)
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
 
 
 def test_a_refused_request_that_will_not_say_it_retries_books_no_promise() -> None:
@@ -179,9 +179,9 @@ def test_a_promise_never_makes_a_request_wait_while_capacity_is_free() -> None:
     for request in resident:
         fleet.release(request.request_id)
     fleet.now_s = 1.0
-    assert isinstance(fleet.decide(freq(b"c", max_output=600, retry=1)), Admit), "the room is free now"
+    assert isinstance(fleet.admit(freq(b"c", max_output=600, retry=1)), Admit), "the room is free now"
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 0, "the promise was used up"
-    assert isinstance(fleet.decide(freq(b"c", max_output=100, retry=1)), Admit)
+    assert isinstance(fleet.admit(freq(b"c", max_output=100, retry=1)), Admit)
 
 
 def test_another_clients_identical_body_on_an_idle_fleet_is_admitted_not_told_to_wait() -> None:
@@ -191,7 +191,7 @@ def test_another_clients_identical_body_on_an_idle_fleet_is_admitted_not_told_to
     for request in resident:
         fleet.release(request.request_id)
     fleet.now_s = 0.5
-    assert isinstance(fleet.decide(freq(b"c", max_output=400, retry=2)), Admit)
+    assert isinstance(fleet.admit(freq(b"c", max_output=400, retry=2)), Admit)
 
 
 def test_promises_count_against_the_queue_bounds() -> None:
@@ -199,7 +199,7 @@ def test_promises_count_against_the_queue_bounds() -> None:
     fleet, _ = full_fleet(config)
     refused(fleet, freq(b"c"))
     refused(fleet, freq(b"d"))
-    assert refused(fleet, freq(b"e")).reason is RejectReason.QUEUE_FULL
+    assert refused(fleet, freq(b"e")).reason is RefusalReason.QUEUE_FULL
     assert fleet.controller.queue_stats(0.0).promised_requests == 2
 
 
@@ -255,16 +255,16 @@ def test_promises_never_over_commit_a_replica(steps: list[tuple[str, int, Priori
             if action == "return" and n in due_s:
                 fleet.now_s = max(fleet.now_s, due_s.pop(n))
                 request = dataclasses.replace(request, retry_count=1)
-            decision = fleet.decide(request)
+            decision = fleet.admit(request)
             if isinstance(decision, Admit):
                 resident.append(request.request_id)
-            elif isinstance(decision, Reject) and decision.retry_after is not None:
+            elif isinstance(decision, Refusal) and decision.retry_after is not None:
                 due_s[n] = fleet.now_s + decision.retry_after.expected_s
         elif action == "release" and resident:
             resident += [d.request.request_id for d in fleet.release(resident.pop(n % len(resident)))]
         else:
             fleet.now_s += 0.5 * n
-            fleet.controller.expire(fleet.now_s, fleet.views())
+            fleet.controller.expire(fleet.snapshot())
             resident += [d.request.request_id for d in fleet.pump()]
         for view in fleet.views():
             assert view.load.reserved_kv_tokens <= view.capacity_kv_tokens

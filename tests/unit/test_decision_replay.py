@@ -24,9 +24,11 @@ from typing import Any
 
 import orjson
 
+from admission.decision import Refusal
 from config.loader import parse_config
-from gateway.decide import KvgateDecider, Refusal, Route
-from gateway.errors import BadGateway
+from gateway.decision_path import DecisionPath
+from gateway.dispatcher import Route
+from gateway.errors import refusal_error
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState, ProxyRequest
 from gateway.work import FleetWork
@@ -77,7 +79,7 @@ class Planned:
 class Replay:
     clock: ManualClock
     state: GatewayState
-    decider: KvgateDecider
+    path: DecisionPath
     metrics: GatewayMetrics
     outcomes: list[list[Any]] = field(default_factory=list)
     events: list[tuple[float, int, Callable[[], None]]] = field(default_factory=list)
@@ -170,11 +172,14 @@ def new_replay() -> Replay:
     clock = ManualClock(1000.0)
     state = GatewayState.from_config(cfg)
     metrics = GatewayMetrics(clock=clock, window_s=60.0)
-    decider = KvgateDecider(state, cfg, metrics, clock=clock)
-    metrics.bind(FleetWork(state, decider, cfg.routing.scrape_stale_s, cfg.routing.warmup_s, clock=clock))
+    path = DecisionPath.build(state, cfg, metrics, clock)
+    routing = cfg.routing
+    metrics.bind(
+        FleetWork(state, path.dispatcher, path.fleet, routing.scrape_stale_s, routing.warmup_s, clock)
+    )
     for replica in state.replicas.values():
-        decider.observe_outcome(replica, Outcome.SUCCESS)
-    return Replay(clock, state, decider, metrics)
+        path.fleet.observe_outcome(replica, Outcome.SUCCESS)
+    return Replay(clock, state, path, metrics)
 
 
 def proxy_request(plan: Planned, attempt: int) -> ProxyRequest:
@@ -199,21 +204,22 @@ def proxy_request(plan: Planned, attempt: int) -> ProxyRequest:
 
 def serve(replay: Replay, plan: Planned, request: ProxyRequest, route: Route) -> None:
     """Play a routed request's life on the clock: first token, produced tokens, finish, release."""
-    decider = replay.decider
+    path = replay.path
     start_s = replay.clock.now_s
     request.replica = route.replica
     if plan.fails_first and len(request.tried) == 1:
 
         def fail() -> None:
             replica = route.replica
-            decider.observe(replica, 503, None)
-            retried = decider.retry(request, BadGateway("replica answered 503"))
+            path.fleet.observe(replica, 503, None)
+            retried = path.dispatcher.retry(request)
             replay.outcomes.append(
                 [plan.index, "retry", replay.clock.now_s, retried and retried.replica.replica_id]
             )
             if retried is None:
                 request.finished = True
-                decider.release(request, route)
+                path.accounting.closed(request, route.replica)
+                path.dispatcher.release(request)
             else:
                 serve(replay, plan, request, retried)
 
@@ -223,21 +229,22 @@ def serve(replay: Replay, plan: Planned, request: ProxyRequest, route: Route) ->
     end_s = ttft_s + plan.itl_s * plan.output_tokens
 
     def first() -> None:
-        decider.first_token(request, route.replica, replay.clock.now_s)
+        path.accounting.first_token(request, route.replica, replay.clock.now_s)
         if request.stream:
-            decider.produced(request, max(1, plan.output_tokens // 2))
+            path.accounting.produced(request, max(1, plan.output_tokens // 2))
 
     def finish() -> None:
         assert request.admission is not None
         request.prompt_tokens = request.admission.cost.prompt_tokens + plan.index % 7 - 3
         request.completion_tokens = plan.output_tokens
-        decider.observe(route.replica, 200)
+        path.fleet.observe(route.replica, 200)
         gaps = [plan.itl_s] * (plan.output_tokens - 1) if request.stream else []
-        decider.finished(
+        path.accounting.finished(
             request, route.replica, plan.itl_s if request.stream else None, replay.clock.now_s, gaps
         )
         request.finished = True
-        decider.release(request, route)
+        path.accounting.closed(request, route.replica)
+        path.dispatcher.release(request)
         replay.outcomes.append([plan.index, "done", replay.clock.now_s])
 
     replay.at(ttft_s, first)
@@ -247,13 +254,13 @@ def serve(replay: Replay, plan: Planned, request: ProxyRequest, route: Route) ->
 def describe(outcome: Route | Refusal) -> list[Any]:
     if isinstance(outcome, Route):
         return ["route", outcome.replica.replica_id]
-    error = outcome.error
+    error = refusal_error(outcome)
     return ["refuse", error.status, error.reason, [(k.decode(), v.decode()) for k, v in error.headers()]]
 
 
 async def run_replay(plans: list[Planned]) -> dict[str, Any]:
     replay = new_replay()
-    decider = replay.decider
+    path = replay.path
     loop_tasks: list[asyncio.Task[None]] = []
 
     def arrive(plan: Planned, attempt: int) -> Callable[[], None]:
@@ -262,14 +269,17 @@ async def run_replay(plans: list[Planned]) -> dict[str, Any]:
             arrived_s = replay.clock.now_s
 
             async def decide() -> None:
-                outcome = await decider.decide(request)
+                request.arrived_s = replay.clock.now_s
+                refusal = await path.pricer.price(request)
+                outcome = refusal if refusal is not None else await path.dispatcher.admit(request)
                 replay.outcomes.append(
                     [plan.index, attempt, replay.clock.now_s - arrived_s, *describe(outcome)]
                 )
                 if isinstance(outcome, Route):
                     serve(replay, plan, request, outcome)
-                elif attempt == 0 and outcome.error.status == 429 and outcome.error.retry_after_s:
-                    replay.at(replay.clock.now_s + min(outcome.error.retry_after_s, 20.0), arrive(plan, 1))
+                elif attempt == 0 and outcome.status == 429 and outcome.retry_after is not None:
+                    retry_after_s = outcome.retry_after.milliseconds / 1000
+                    replay.at(replay.clock.now_s + min(retry_after_s, 20.0), arrive(plan, 1))
 
             task = asyncio.ensure_future(decide())
             loop_tasks.append(task)
@@ -290,10 +300,10 @@ async def run_replay(plans: list[Planned]) -> dict[str, Any]:
     tick_s = 1000.0
     while tick_s < end_s:
         tick_s += 0.25
-        replay.at(tick_s, decider.tick)
-    replay.at(1000.0 + plans[40].at_s, lambda: decider.observe(replay.state.replicas[REPLICAS[2]], None))
-    replay.at(1000.0 + plans[41].at_s, lambda: decider.observe(replay.state.replicas[REPLICAS[2]], None))
-    replay.at(1000.0 + plans[42].at_s, lambda: decider.observe(replay.state.replicas[REPLICAS[2]], None))
+        replay.at(tick_s, path.dispatcher.tick)
+    replay.at(1000.0 + plans[40].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
+    replay.at(1000.0 + plans[41].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
+    replay.at(1000.0 + plans[42].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
     samples: dict[str, Any] = {}
     while replay.events:
         time_s, _, action = heapq.heappop(replay.events)

@@ -1,4 +1,4 @@
-"""The decider's fleet views are reused while nothing in them changed and rebuilt when anything did."""
+"""The fleet's views are reused while nothing in them changed and rebuilt when anything did."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ from typing import Any
 
 from admission.cost import CostEstimate
 from config.loader import parse_config
-from gateway.decide import KvgateDecider
+from gateway.decision_path import DecisionPath
+from gateway.fleet import Fleet
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState
 from routing.health import Outcome
@@ -15,7 +16,7 @@ from vocabulary.replica import ScrapedMetrics
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
 
 
-def decider(kv_capacity_tokens: int | None = 10000) -> tuple[KvgateDecider, GatewayState]:
+def fleet(kv_capacity_tokens: int | None = 10000) -> tuple[Fleet, GatewayState]:
     pool: dict[str, Any] = {"name": "p", "replicas": URLS}
     if kv_capacity_tokens is not None:
         pool["kv_capacity_tokens"] = kv_capacity_tokens
@@ -24,11 +25,11 @@ def decider(kv_capacity_tokens: int | None = 10000) -> tuple[KvgateDecider, Gate
     )
     state = GatewayState.from_config(config)
     clock_s = 100.0
-    return KvgateDecider(state, config, GatewayMetrics(), clock=lambda: clock_s), state
+    return DecisionPath.build(state, config, GatewayMetrics(), clock=lambda: clock_s).fleet, state
 
 
 def test_unchanged_views_are_reused_and_each_change_rebuilds_only_its_replica() -> None:
-    d, state = decider()
+    d, state = fleet()
     first, second = state.replicas[URLS[0]], state.replicas[URLS[1]]
     before = d.views(100.0)
     again = d.views(100.0)
@@ -55,7 +56,7 @@ def test_unchanged_views_are_reused_and_each_change_rebuilds_only_its_replica() 
 
 
 def test_a_replica_of_unknown_capacity_is_not_routable_until_it_tells_its_capacity() -> None:
-    d, state = decider(kv_capacity_tokens=None)
+    d, state = fleet(kv_capacity_tokens=None)
     first = state.replicas[URLS[0]]
     d.observe_outcome(first, Outcome.SUCCESS)
     unknown = d.views(100.0)[0]
@@ -71,7 +72,7 @@ def test_a_replica_of_unknown_capacity_is_not_routable_until_it_tells_its_capaci
 
 
 def test_a_configured_capacity_wins_and_each_new_disagreement_is_reported_once() -> None:
-    d, state = decider(kv_capacity_tokens=10000)
+    d, state = fleet(kv_capacity_tokens=10000)
     first = state.replicas[URLS[0]]
     d.observe_outcome(first, Outcome.SUCCESS)
     assert d.views(100.0)[0].capacity_kv_tokens == 10000, "routable on the configured value at once"

@@ -1,0 +1,100 @@
+"""Every refusal the decision path can give, each built in one place with its wording and its hint.
+
+A refusal is a value (``Refusal``): a status, a reason from a closed set, a message that tells the
+client what to change or when to come back, and for overload a ``RetryAfter`` capped at
+``retry_after_cap_s`` (the official SDKs ignore a longer one). The edge renders it to an
+OpenAI-shaped body and headers in one place (``gateway.errors.refusal_error``) and never composes
+one itself.
+"""
+
+from __future__ import annotations
+
+from admission.cost import CostEstimate
+from admission.decision import Refusal, RefusalReason
+from admission.queue import QueueStats
+from admission.retry_after import retry_after
+from admission.tenants import Tenant
+from config.admission import AdmissionConfig
+
+
+def too_large(cost: CostEstimate, largest_kv_tokens: int) -> Refusal:
+    return Refusal(
+        400,
+        RefusalReason.KV_CAPACITY,
+        f"This request needs {cost.kv_tokens} tokens of KV cache ({cost.prompt_tokens} prompt + "
+        f"{cost.max_output_tokens} max output) but the largest replica serving '{cost.model}' "
+        f"holds {largest_kv_tokens}. Reduce the prompt or max_tokens.",
+        param="max_tokens",
+    )
+
+
+def too_many_sequences(cost: CostEstimate, most_slots: int) -> Refusal:
+    return Refusal(
+        400,
+        RefusalReason.KV_CAPACITY,
+        f"This request runs {cost.sequences} sequences at once but a replica serving '{cost.model}' "
+        f"runs at most {most_slots} (the inter-token-latency guard), so it could never be admitted. "
+        "Reduce n or the number of prompts.",
+        param="n",
+    )
+
+
+def over_budget(tenant: Tenant, kv_tokens: int, wait_s: float, config: AdmissionConfig) -> Refusal:
+    hint = retry_after(wait_s, config.retry_after_cap_s)
+    return Refusal(
+        429,
+        RefusalReason.TENANT_BUDGET,
+        f"Tenant '{tenant.name}' is over its budget of {tenant.tokens_per_min} "
+        f"tokens per minute; this request counts {kv_tokens} (prompt + max output). "
+        f"Retry after {hint.seconds} s.",
+        hint,
+    )
+
+
+def queue_full(stats: QueueStats, expected_s: float, config: AdmissionConfig) -> Refusal:
+    hint = retry_after(expected_s, config.retry_after_cap_s)
+    return Refusal(
+        429,
+        RefusalReason.QUEUE_FULL,
+        f"The admission queue is full ({stats.requests} requests, {stats.kv_tokens} tokens queued, "
+        f"{stats.promised_requests} promised). Retry after {hint.seconds} s.",
+        hint,
+    )
+
+
+def place_held(model: str, due_in_s: float, config: AdmissionConfig) -> Refusal:
+    """A client back before the slot it was promised: told again when that slot is due."""
+    hint = retry_after(due_in_s, config.retry_after_cap_s)
+    return Refusal(
+        429,
+        RefusalReason.KV_CAPACITY,
+        f"The servers for '{model}' are at KV-cache capacity; this request holds a place "
+        f"due in {due_in_s:.1f} s. Retry after {hint.seconds} s.",
+        hint,
+    )
+
+
+def overload(
+    model: str, expected_s: float, budget_s: float, client_bound: bool, config: AdmissionConfig
+) -> Refusal:
+    """The expected wait is longer than the request may wait: its client's timeout when that is the
+    shorter bound (``deadline``), otherwise the queue's limit (``kv_capacity``)."""
+    hint = retry_after(expected_s, config.retry_after_cap_s)
+    wait = f"about {expected_s:.1f} s"
+    if client_bound:
+        message = (
+            f"The expected wait for KV-cache capacity on '{model}' ({wait}) exceeds this "
+            f"request's timeout of {budget_s:.1f} s. Retry after {hint.seconds} s."
+        )
+        return Refusal(429, RefusalReason.DEADLINE, message, hint)
+    message = (
+        f"The servers for '{model}' are at KV-cache capacity: the expected wait ({wait}) "
+        f"exceeds the {budget_s:.1f} s queue limit. Retry after {hint.seconds} s."
+    )
+    return Refusal(429, RefusalReason.KV_CAPACITY, message, hint)
+
+
+def no_replica(message: str, wait_s: float, config: AdmissionConfig) -> Refusal:
+    """No replica can serve the request now: a 503 whose Retry-After is capped like every other."""
+    hint = retry_after(wait_s, config.retry_after_cap_s)
+    return Refusal(503, RefusalReason.NO_REPLICA, f"{message} Retry after {hint.seconds} s.", hint)

@@ -1,0 +1,274 @@
+"""Admit and route a priced request, hold its reservation while it is served, release it once.
+
+``Dispatcher.admit`` asks the ``AdmissionController`` over one ``FleetSnapshot``: an admitted
+request is routed at once among the candidates admission returned (``Router.choose``) and its
+reservation taken in the ledger; a queued one waits on a future that the ``AdmissionPump``
+resolves with a route when it fits (after every release, on fleet changes and on a short timer that
+also expires overdue waits, each answered with its refusal); a refused one gets its ``Refusal``.
+A client that leaves while queued stops counting at once. ``release`` is called exactly once per
+``Route``, in the proxy's ``finally``; the ledger's release is idempotent, so a retry that moved
+the reservation cannot release twice. While a request is served its reservation's lease is
+renewed; one its request never released runs out and is counted as expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from admission import refusals
+from admission.controller import AdmissionController
+from admission.decision import Admit, Dispatch, Queue, Refusal
+from admission.ledger import Reservation
+from admission.pump import AdmissionPump, Placement
+from config.schema import GatewayConfig
+from gateway.fleet import Fleet
+from gateway.metrics import GatewayMetrics
+from gateway.state import GatewayState, ProxyRequest, ReplicaState
+from routing.retry_budget import RetryBudget
+from routing.router import Router
+from vocabulary.replica import ReplicaView
+from vocabulary.value import frozen_value
+
+log = logging.getLogger("kvgate.dispatch")
+PUMP_INTERVAL_S = 0.05
+_UNBOUNDED = 1 << 40
+
+
+@frozen_value
+class Route:
+    replica: ReplicaState
+
+
+Waiter = tuple[ProxyRequest, "asyncio.Future[Route | Refusal]"]
+
+
+def _never_refused(now_s: float) -> Refusal | None:
+    return None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        state: GatewayState,
+        config: GatewayConfig,
+        metrics: GatewayMetrics,
+        fleet: Fleet,
+        controller: AdmissionController,
+        router: Router,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._state = state
+        self._config = config.admission
+        self._metrics = metrics
+        self._fleet = fleet
+        self._clock = clock
+        self.controller = controller
+        self.router = router
+        self.retry_budget = RetryBudget.from_config(config.routing)
+        self._pump: AdmissionPump[Waiter] = AdmissionPump(controller)
+        self._routed: dict[str, ProxyRequest] = {}
+        """Requests holding a reservation, by id, until released: their leases are renewed while
+        the proxy still serves them (``renew_leases``)."""
+        self._lease_s = state.ledger.lease_s
+        self._renewed_at_s = clock()
+        self.coordination_refusal: Callable[[float], Refusal | None] = _never_refused
+        """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
+        fleet.on_recovered = self.pump
+
+    def queued_requests(self) -> list[ProxyRequest]:
+        return [request for request, _ in self._pump.waiters()]
+
+    def routed_requests(self) -> list[ProxyRequest]:
+        """Requests holding a reservation, each on ``request.replica`` once the proxy sent it."""
+        return list(self._routed.values())
+
+    async def admit(self, request: ProxyRequest) -> Route | Refusal:
+        assert request.admission is not None, "priced before admitted"
+        now_s = request.arrived_s
+        self.retry_budget.record_request(now_s)
+        model = request.model
+        pool = self._fleet.pool_of(model)
+        if not self._config.enabled:
+            return self._route_unadmitted(request, now_s)
+        blind = self.coordination_refusal(now_s)
+        if blind is not None:
+            self._metrics.count_decision("reject", blind.reason.value, pool=pool, model=model)
+            return blind
+        decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
+        if isinstance(decision, Refusal):
+            self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=model)
+            return decision
+        if isinstance(decision, Admit):
+            route = self._place(request, decision.candidates, now_s)
+            if route is not None:
+                self._metrics.count_admitted(pool, model, "fits", 0.0)
+                return route
+            self._metrics.count_decision("reject", "no_replica", pool=pool, model=model)
+            message = f"No replica serving '{model}' can take the request now."
+            return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
+        self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=model)
+        return await self._wait(request, decision)
+
+    def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
+        """Admission off: route among every healthy replica as if each had unbounded KV room."""
+        route = self._place(request, self._unbounded_views(now_s), now_s)
+        pool = self._fleet.pool_of(request.model)
+        if route is None:
+            self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
+            message = f"No replica serving '{request.model}' is available."
+            return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
+        self._metrics.count_admitted(pool, request.model, "admission_off", None)
+        return route
+
+    def _unbounded_views(self, now_s: float) -> tuple[ReplicaView, ...]:
+        return tuple(
+            dataclasses.replace(v, capacity_kv_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
+            for v in self._fleet.views(now_s)
+        )
+
+    def _place(
+        self, request: ProxyRequest, candidates: tuple[ReplicaView, ...], now_s: float
+    ) -> Route | None:
+        assert request.routing is not None and request.admission is not None
+        choice = self.router.choose(request.routing, candidates, now_s, exclude=request.tried)
+        if choice.replica_id is None:
+            return None
+        replica = self._state.replicas.get(choice.replica_id)
+        if replica is None:
+            return None
+        if not self._state.ledger.reserve(
+            request.request_id, replica.replica_id, request.admission.cost, now_s
+        ):
+            raise RuntimeError(f"request {request.request_id} already holds a reservation")
+        self._routed[request.request_id] = request
+        request.tried.append(replica.replica_id)
+        return Route(replica)
+
+    async def _wait(self, request: ProxyRequest, queued: Queue) -> Route | Refusal:
+        future: asyncio.Future[Route | Refusal] = asyncio.get_running_loop().create_future()
+        self._pump.wait(queued.ticket, (request, future))
+        self._state.queued = len(self._pump)
+        try:
+            outcome = await future
+        except asyncio.CancelledError:
+            if not self._pump.leave(queued.ticket) and future.done() and not future.cancelled():
+                self._state.ledger.release(request.request_id)
+                self.pump()
+            raise
+        finally:
+            self._state.queued = len(self._pump)
+        request.queue_wait_s = self._clock() - request.arrived_s
+        self._metrics.observe_queue_wait(
+            self._fleet.pool_of(request.model), request.model, request.queue_wait_s
+        )
+        return outcome
+
+    def pump(self) -> None:
+        """Dispatch what fits now: route and reserve synchronously, then wake the waiters."""
+        if not len(self._pump):
+            return
+        now_s = self._clock()
+        if self.coordination_refusal(now_s) is not None:
+            return
+        self._pump.dispatch(self._fleet.snapshot(now_s), self._dispatch)
+
+    def _dispatch(self, waiter: Waiter, dispatch: Dispatch, now_s: float) -> Placement:
+        request, future = waiter
+        if future.done():
+            return Placement.GONE  # the client left and its task has not heard yet
+        route = self._place(request, dispatch.candidates, now_s)
+        if route is None:
+            return Placement.NO_ROOM
+        future.set_result(route)
+        return Placement.PLACED
+
+    def tick(self) -> None:
+        """Renew the leases of requests in flight, release reservations whose lease ran out, expire
+        overdue waits (each answered with its 429) and dispatch what fits."""
+        now_s = self._clock()
+        if now_s - self._renewed_at_s >= self._lease_s / 3:
+            self.renew_leases(now_s)
+        lapsed = self._state.ledger.expire(now_s)
+        if lapsed:
+            self._count_expired(lapsed)
+        if not len(self._pump):
+            return
+        for (request, future), refusal in self._pump.expire(self._fleet.snapshot(now_s)):
+            if not future.done():
+                pool = self._fleet.pool_of(request.model)
+                self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
+                future.set_result(refusal)
+        self._state.queued = len(self._pump)
+        self.pump()
+
+    def renew_leases(self, now_s: float) -> None:
+        """Renew the reservation of every request the proxy still serves; a finished request that
+        still holds one leaked it, and its lease is left to run out."""
+        self._renewed_at_s = now_s
+        ledger = self._state.ledger
+        for request_id, request in list(self._routed.items()):
+            if request.finished:
+                del self._routed[request_id]
+            else:
+                ledger.renew(request_id, now_s)
+
+    def _count_expired(self, expired: Sequence[Reservation]) -> None:
+        for held in expired:
+            replica = self._state.replicas.get(held.replica_id)
+            pool = replica.pool if replica is not None else self._fleet.pool_of(held.cost.model)
+            self._metrics.count_expired(pool)
+            log.warning(
+                "reservation of request %s on replica %s (%d KV tokens) expired after its %g s lease "
+                "and was released: its request never released it",
+                held.request_id,
+                held.replica_id,
+                held.kv_tokens,
+                self._lease_s,
+            )
+        self.pump()
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(PUMP_INTERVAL_S)
+            self.tick()
+
+    def retry(self, request: ProxyRequest) -> Route | None:
+        """Another replica for a request whose replica failed before the first byte, or None."""
+        now_s = self._clock()
+        self._state.ledger.release(request.request_id)
+        pool = self._fleet.pool_of(request.model)
+        verdict = self.retry_budget.allow(now_s, len(request.tried) - 1, request.response_started)
+        if not verdict.allowed or request.routing is None or request.admission is None:
+            self._metrics.count_retry(pool, verdict.reason)
+            self.pump()
+            return None
+        if self._config.enabled:
+            candidates = self.controller.retry_candidates(request.admission, self._fleet.snapshot(now_s))
+        else:
+            candidates = self._unbounded_views(now_s)
+        route = self._place(request, candidates, now_s)
+        self._metrics.count_retry(pool, "no_replica" if route is None else "retry")
+        if route is None:
+            self.pump()
+        return route
+
+    def release(self, request: ProxyRequest) -> None:
+        """The request is over: its reservation goes back, its tenant is refunded what its worst case
+        over-charged, and queued work that fits now is dispatched."""
+        self._state.ledger.release(request.request_id)
+        self._routed.pop(request.request_id, None)
+        admission = request.admission
+        if admission is not None and request.prompt_tokens is not None:
+            used = request.prompt_tokens + (request.completion_tokens or 0)
+            self.controller.settle(admission, used)
+        self.pump()
+
+    def cancel_all(self) -> None:
+        for _, future in self._pump.clear():
+            with contextlib.suppress(asyncio.InvalidStateError):
+                future.cancel()

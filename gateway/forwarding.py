@@ -1,0 +1,111 @@
+"""Which headers cross the gateway, each way, and the request id both sides see.
+
+Hop-by-hop headers (RFC 9110 section 7.6.1, and any that a ``Connection`` header names) go neither
+way. The client's ``X-Request-Id`` is echoed and forwarded when it is 1 to 128 visible ASCII
+characters; otherwise the gateway's own id stands in. Credentials are decided elsewhere: the
+client's ``Authorization`` and ``Cookie`` are dropped at pricing and a replica's ``Set-Cookie`` at
+relay unless ``server.forward_client_credentials``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import MutableMapping
+from typing import Any
+
+REQUEST_ID_HEADER = b"x-request-id"
+_CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
+"""A client's ``X-Request-Id`` that is echoed and forwarded: 1 to 128 visible ASCII characters."""
+_NOT_FORWARDED = frozenset(
+    {
+        b"host",
+        b"connection",
+        b"keep-alive",
+        b"content-length",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"expect",
+        REQUEST_ID_HEADER,
+    }
+)
+_PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
+"""Connection options that name no header: nothing more to drop for them."""
+NOT_RELAYED = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"content-length",
+        b"transfer-encoding",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"date",
+        b"server",
+        REQUEST_ID_HEADER,
+    }
+)
+SET_COOKIE = b"set-cookie"
+
+
+def scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, int | None, list[tuple[bytes, bytes]]]:
+    """The client's usable ``X-Request-Id`` ("" when absent or unusable), the declared body length,
+    and the headers to forward."""
+    x_request_id = ""
+    content_length: int | None = None
+    connection = None
+    forward = []
+    for name, value in raw:
+        if name == REQUEST_ID_HEADER:
+            x_request_id = client_request_id(value)
+        elif name == b"content-length":
+            content_length = int(value) if value.isdigit() else None
+        elif name not in _NOT_FORWARDED:
+            forward.append((name, value))
+        elif name == b"connection":
+            connection = value
+    if connection is not None:
+        named = {token.strip().lower() for token in connection.split(b",")} - _PLAIN_CONNECTION
+        if named:
+            # Headers the client's Connection names are hop-by-hop (RFC 9110 section 7.6.1).
+            forward = [header for header in forward if header[0] not in named]
+    return x_request_id, content_length, forward
+
+
+def client_request_id(value: bytes) -> str:
+    """The client's id when it may be echoed, logged and forwarded as it is; "" otherwise."""
+    return value.decode() if _CLIENT_REQUEST_ID.fullmatch(value) else ""
+
+
+def request_id_of(scope: MutableMapping[str, Any]) -> str:
+    """The ``X-Request-Id`` to answer with: the client's when usable, or a new random one."""
+    for name, value in scope["headers"]:
+        if name == REQUEST_ID_HEADER:
+            return client_request_id(value) or os.urandom(16).hex()
+    return os.urandom(16).hex()
+
+
+def relay_headers(
+    raw: list[tuple[bytes, bytes]], request_id: str, not_relayed: frozenset[bytes]
+) -> list[tuple[bytes, bytes]]:
+    """The replica's headers the client gets: without ``not_relayed`` ones and any the replica's
+    ``Connection`` header names as hop-by-hop."""
+    headers = []
+    connection = None
+    for name, value in raw:
+        low = name.lower()
+        if low not in not_relayed:
+            headers.append((low, value))
+        elif low == b"connection":
+            connection = value
+    if connection is not None:
+        named = {token.strip().lower() for token in connection.split(b",")}
+        headers = [header for header in headers if header[0] not in named]
+    headers.append((REQUEST_ID_HEADER, request_id.encode()))
+    return headers

@@ -1,0 +1,140 @@
+"""Price a request once: who sends it, what it asks for, and what it costs in tokens and KV.
+
+``Pricer.price`` is the request path's first step after parsing. It identifies the tenant from the
+bearer key, reads the work asked for (``max_tokens`` and the sequences, ``admission.cost``), counts
+the prompt's tokens (``gateway.prompt``: inline, off the event loop, or by a replica of the model),
+and estimates the cost, all from the one parsed body. What admission and routing read is set on the
+request as two values computed here and nowhere else: ``request.admission`` (tenant, cost, the
+client's deadline, its retry count) and ``request.routing`` (model, tokens, prefix block hashes). A
+request that cannot be priced gets a ``Refusal``: 401 for an unknown key, 400 for invalid fields or
+a request over the context, 503 when a replica could not count its prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from admission import refusals
+from admission.cost import InvalidRequest, capped_body, estimate_cost, requested_work
+from admission.counting import batch_of
+from admission.deadline import client_timeout_s
+from admission.decision import AdmissionRequest, Refusal, RefusalReason
+from admission.promises import retry_count
+from admission.tenants import TenantDirectory, bearer_key
+from config.schema import GatewayConfig
+from gateway.prompt import PromptEncoder
+from gateway.state import GatewayState, ProxyRequest
+from gateway.upstream import replica_headers
+from routing.prefix_hash import block_hashes
+from routing.request import RoutingRequest
+
+log = logging.getLogger("kvgate.pricing")
+CHAT_PATH = "/v1/chat/completions"
+_CLIENT_CREDENTIALS = frozenset({b"authorization", b"cookie"})
+
+
+class Pricer:
+    def __init__(self, state: GatewayState, config: GatewayConfig, tenants: TenantDirectory) -> None:
+        self._state = state
+        self._config = config.admission
+        self._tenants = tenants
+        self._forward_credentials = config.server.forward_client_credentials
+        self.encoder = PromptEncoder(config.models)
+        self.session: aiohttp.ClientSession | None = None
+        """For counting by a replica's ``/tokenize``; set when the gateway starts."""
+
+    async def price(self, request: ProxyRequest) -> Refusal | None:
+        tenant = self._tenants.identify(_bearer_key(request.headers))
+        if tenant is None:
+            return Refusal(401, RefusalReason.UNAUTHORIZED, "Incorrect API key provided.")
+        request.tenant = tenant.name
+        if not self._forward_credentials:
+            request.upstream_headers = [
+                h for h in request.upstream_headers if h[0] not in _CLIENT_CREDENTIALS
+            ]
+        chat = request.endpoint == CHAT_PATH
+        batch = None if chat else batch_of(request.body)
+        work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)
+        if isinstance(work, InvalidRequest):
+            return _invalid(work)
+        try:
+            if batch is None:
+                token_ids = await self._encode(request, request.body, len(request.raw_body))
+                prompt_tokens: int | list[int] = len(token_ids)
+            else:
+                each = [
+                    p if isinstance(p, list) else await self._encode(request, {"prompt": p}, len(p))
+                    for p in batch
+                ]
+                token_ids, prompt_tokens = each[0], [len(ids) for ids in each]
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            log.warning("counting a prompt with a replica of %s failed: %r", request.model, exc)
+            message = f"Cannot count the prompt's tokens with a replica of '{request.model}'."
+            return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
+        cost = estimate_cost(
+            request.model,
+            prompt_tokens,
+            work.max_tokens,
+            self._config,
+            self._state.models[request.model],
+            work.sequences_per_prompt,
+        )
+        if isinstance(cost, InvalidRequest):
+            return _invalid(cost)
+        forwarded = capped_body(request.body, chat, cost.max_tokens)
+        if forwarded is not None:
+            request.body = forwarded
+        if forwarded is not None or request.usage_injected:
+            request.raw_body = orjson.dumps(request.body)
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in request.headers
+            if name.startswith(b"x-")
+        }
+        request.admission = AdmissionRequest(
+            request.request_id,
+            tenant,
+            cost,
+            client_timeout_s(headers, self._config),
+            request.raw_body,
+            retry_count(headers),
+        )
+        request.routing = RoutingRequest(
+            request.model,
+            cost.prompt_tokens,
+            cost.max_output_tokens,
+            tuple(block_hashes(token_ids)),
+            cost.sequences,
+        )
+        return None
+
+    async def _encode(self, request: ProxyRequest, body: Mapping[str, Any], size_bytes: int) -> list[int]:
+        """The token ids of ``body``'s prompt (the request's, or one prompt of its batch): inline when
+        counted here and small, otherwise off the event loop or by a replica of the model."""
+        token_ids = self.encoder.encode_inline(request.model, body, size_bytes)
+        if token_ids is not None:
+            return token_ids
+        assert self.session is not None, "gateway not started"
+        url = ""
+        headers = None
+        if not self.encoder.is_local(request.model):
+            serving = self._state.routable(request.model)
+            url = serving[0].url if serving else ""
+            headers = replica_headers(serving[0]) if serving else None
+        return await self.encoder.encode(request.model, body, size_bytes, self.session, url, headers)
+
+
+def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            return bearer_key(value.decode("latin-1"))
+    return None
+
+
+def _invalid(invalid: InvalidRequest) -> Refusal:
+    return Refusal(400, RefusalReason.INVALID_REQUEST, invalid.message, param=invalid.param)

@@ -1,0 +1,254 @@
+"""One attempt of a request on one replica, relayed to the client as the replica answers.
+
+``Relay.attempt`` sends the priced body (one write, ``replica_http``) and relays the answer. A
+replica's 429 or 5xx before anything reached the client is returned as an error the proxy may
+retry elsewhere; after the first byte a failure ends the stream with an error event and
+``[DONE]``. A whole response is read, its usage taken, and sent with its length. A stream's SSE
+chunks are relayed as they arrive, never re-assembled into lines or re-serialised; counting
+``data:`` events per chunk is the token count (one event per engine step per sequence carries about
+one token), reported to ``Accounting`` (first token, produced every few events, finished with the
+inter-token gaps) on the gateway's one clock. The usage-only chunk the gateway asked for
+(``stream_options.include_usage``) is read for the replica's token counts and taken out before the
+client sees it. Every answer is passive health for the replica (``Fleet.observe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gateway.accounting import Accounting
+from gateway.errors import GatewayError, translate_upstream, upstream_status_error
+from gateway.fleet import Fleet
+from gateway.forwarding import NOT_RELAYED, SET_COOKIE, relay_headers
+from gateway.metrics import GatewayMetrics
+from gateway.replica_http import ReplicaClient, ReplicaResponse
+from gateway.state import ProxyRequest, ReplicaState
+
+if TYPE_CHECKING:
+    from gateway.tracing import Tracing
+
+Message = MutableMapping[str, Any]
+Send = Callable[[Message], Awaitable[None]]
+
+_AUTHORIZATION = b"authorization"
+_PRODUCED_REPORT_EVENTS = 16
+"""The ledger hears a stream's produced-token total once per this many SSE events."""
+_USAGE_ONLY = b'"choices":[]'
+_CARRY_MAX_BYTES = 1 << 20
+"""An unfinished event longer than this is relayed as it is rather than held back."""
+_DONE_EVENT = b"data: [DONE]\n\n"
+_EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
+
+
+class Relay:
+    def __init__(
+        self,
+        client: ReplicaClient,
+        fleet: Fleet,
+        accounting: Accounting,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float],
+        forward_client_credentials: bool,
+        tracing: Tracing | None = None,
+    ) -> None:
+        self._client = client
+        self._fleet = fleet
+        self._accounting = accounting
+        self._metrics = metrics
+        self._clock = clock
+        self._tracing = tracing
+        self._not_relayed = NOT_RELAYED if forward_client_credentials else NOT_RELAYED | {SET_COOKIE}
+
+    async def attempt(self, request: ProxyRequest, replica: ReplicaState, send: Send) -> GatewayError | None:
+        """Relay one attempt; a failure before anything reached the client is returned (the caller
+        may retry elsewhere), one after it ends the stream with an error event and ``[DONE]``."""
+        response: ReplicaResponse | None = None
+        replica_url = replica.url
+        fleet = self._fleet
+        accounting = self._accounting
+        upstream_headers = request.upstream_headers
+        if replica.authorization is not None:
+            upstream_headers = [h for h in upstream_headers if h[0] != _AUTHORIZATION]
+            upstream_headers.append((_AUTHORIZATION, replica.authorization))
+        if self._tracing is not None:
+            upstream_headers = self._tracing.upstream(request, replica, upstream_headers)
+        try:
+            response = await self._client.post(
+                replica_url,
+                request.endpoint,
+                request.raw_body,
+                upstream_headers,
+                stream=request.stream,
+            )
+            status = response.status
+            if status >= 500 or status == 429:
+                retry_after_s = _retry_after_s(response.header(b"retry-after"))
+                fleet.observe(replica, status, retry_after_s)
+                body = await response.read()
+                raise upstream_status_error(status, replica.name, replica_url, body, retry_after_s)
+            headers = relay_headers(response.headers, request.x_request_id, self._not_relayed)
+            if not request.stream or status != 200:
+                body = await response.read()
+                if status == 200:
+                    now_s = self._clock()
+                    accounting.first_token(request, replica, now_s)
+                    _read_usage(request, body)
+                headers.append((b"content-length", str(len(body)).encode()))
+                request.response_started = True
+                self._metrics.count_relayed(status)
+                request.status = status
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                if status == 200:
+                    fleet.observe(replica, status)
+                    accounting.finished(request, replica, None, self._clock())
+                return None
+            request.response_started = True
+            self._metrics.count_relayed(status)
+            request.status = status
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            itl_s, gaps_s = await self._stream(request, replica, response, send)
+            fleet.observe(replica, status)
+            accounting.finished(request, replica, itl_s, self._clock(), gaps_s)
+            return None
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            error = translate_upstream(exc, replica.name, replica_url)
+            self._metrics.count_upstream_error(replica, exc)
+            if response is None or (response.status < 500 and response.status != 429):
+                fleet.observe(replica, None)
+            if not request.response_started:
+                return error
+            request.error = error
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": error.event(),
+                }
+            )
+            return None
+        finally:
+            if response is not None:
+                response.release()
+
+    async def _stream(
+        self,
+        request: ProxyRequest,
+        replica: ReplicaState,
+        response: ReplicaResponse,
+        send: Send,
+    ) -> tuple[float | None, list[float]]:
+        """Relay the stream; returns the mean gap between its token events (inter-token latency)
+        and the gap before every read that brought token events after the first.
+
+        Only whole events are relayed: an event cut across two reads waits (as ``carry``) for the
+        read that completes it, so the usage-only event is recognised wherever the replica's
+        writes were split. A client cannot act on half an event, so holding one back delays
+        nothing it could use; the bytes it receives are unchanged."""
+        loop = asyncio.get_running_loop()
+        events = 0
+        first_s = last_s = 0.0
+        gaps_s: list[float] = []
+        report_at = _PRODUCED_REPORT_EVENTS
+        strip = request.usage_injected
+        accounting = self._accounting
+        carry = b""
+        while True:
+            chunk = await response.read_chunk()
+            if not chunk:
+                break
+            now = loop.time()
+            if carry:
+                chunk = carry + chunk
+                carry = b""
+            if not chunk.endswith(_EVENT_ENDS):
+                cut = _events_end(chunk)
+                if len(chunk) - cut < _CARRY_MAX_BYTES:
+                    carry = chunk[cut:]
+                    chunk = chunk[:cut]
+                    if not chunk:
+                        continue
+            count = chunk.count(b"data: ")
+            if count:
+                tokens = count
+                if _USAGE_ONLY in chunk:
+                    tokens -= 1
+                    chunk = _take_usage(request, chunk, strip)
+                if chunk.endswith(_DONE_EVENT):
+                    tokens -= 1
+                if tokens > 0:
+                    if not events:
+                        first_s = now
+                        accounting.first_token(request, replica, self._clock())
+                    else:
+                        gaps_s.append(now - last_s)
+                    events += tokens
+                    last_s = now
+                    if events >= report_at:
+                        accounting.produced(request, events)
+                        report_at = events + _PRODUCED_REPORT_EVENTS
+                if not chunk:
+                    continue
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if carry:
+            await send({"type": "http.response.body", "body": carry, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return ((last_s - first_s) / (events - 1) if events > 1 else None), gaps_s
+
+
+def _retry_after_s(value: bytes | None) -> float | None:
+    try:
+        seconds = None if value is None else float(value)
+    except ValueError:
+        return None
+    return seconds if seconds is None or math.isfinite(seconds) else None
+
+
+def _record_usage(request: ProxyRequest, usage: object) -> None:
+    if isinstance(usage, dict):
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt, int):
+            request.prompt_tokens = prompt
+        if isinstance(completion, int):
+            request.completion_tokens = completion
+
+
+def _read_usage(request: ProxyRequest, body: bytes) -> None:
+    if b'"usage"' not in body:
+        return
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    if isinstance(parsed, dict):
+        _record_usage(request, parsed.get("usage"))
+
+
+def _events_end(chunk: bytes) -> int:
+    """Where the last whole SSE event in ``chunk`` ends (a blank line, LF or CRLF); 0 when none does."""
+    lf = chunk.rfind(b"\n\n")
+    crlf = chunk.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+
+
+def _take_usage(request: ProxyRequest, chunk: bytes, strip: bool) -> bytes:
+    """Read the usage-only event in ``chunk``; without it when the gateway asked for it."""
+    kept = []
+    for event in chunk.split(b"\n\n"):
+        if _USAGE_ONLY in event and event.startswith(b"data: "):
+            try:
+                parsed = orjson.loads(event[6:])
+            except orjson.JSONDecodeError:
+                parsed = None
+            if isinstance(parsed, dict):
+                _record_usage(request, parsed.get("usage"))
+                if strip:
+                    continue
+        kept.append(event)
+    return b"\n\n".join(kept)
