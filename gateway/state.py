@@ -16,7 +16,7 @@ from admission.decision import AdmissionRequest
 from admission.ledger import InMemoryLedger
 from config.schema import GatewayConfig, Model, Pool
 from routing.request import RoutingRequest
-from vocabulary.replica import ReplicaLoad, Role, ScrapedMetrics
+from vocabulary.replica import Role, ScrapedMetrics
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError
@@ -192,9 +192,6 @@ class GatewayState:
     @property
     def ready(self) -> bool:
         return any(r.healthy for r in self.replicas.values())
-
-    def ledger_totals(self) -> ReplicaLoad:
-        return self.ledger.totals()
 
     def in_flight_by_replica(self) -> dict[str, int]:
         return {r.replica_id: r.in_flight for r in self.replicas.values()}

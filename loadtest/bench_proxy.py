@@ -6,7 +6,7 @@ this driver (aiohttp clients at a fixed concurrency). Each scenario runs direct 
 gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, 50-chunk streams
 paced ~5 ms apart, non-streaming requests at a fixed 1000 per second (open loop: added latency at
 a load the machine carries) and one at a time (serial). Prints a table; not a test.
-``--decisions N`` instead times the decision path alone, in this process: ``decide``, first token,
+``--decisions N`` instead times the decision path alone, in this process: price, admit, first token,
 ``finished`` and ``release`` for N requests against four healthy replicas, no sockets (CPU
 microseconds per request). ``--client N`` times the upstream client alone, in this process on
 uvloop: N non-stream requests to the zero-delay backends through an aiohttp session set up as the

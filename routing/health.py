@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from config.routing import RoutingConfig
-from vocabulary.replica import ReplicaView
 
 
 class HealthState(StrEnum):
@@ -150,11 +149,6 @@ class ReplicaHealth:
             ready_since_s = self.ejected_until_s if routable else None
         return routable, ready_since_s, max(self.avoid_until_s, self.ejected_until_s)
 
-    def apply(self, view: ReplicaView, now_s: float) -> ReplicaView:
-        """``view`` with its health fields from this state; load and everything else unchanged."""
-        healthy, ready_since_s, backoff_until_s = self.view_fields(now_s)
-        return replace(view, healthy=healthy, ready_since_s=ready_since_s, backoff_until_s=backoff_until_s)
-
 
 STARTING = ReplicaHealth()
 """The health of a replica never observed: one shared object, so it compares by identity."""
@@ -186,6 +180,3 @@ class HealthTracker:
 
     def remove(self, replica_id: str) -> None:
         self._health.pop(replica_id, None)
-
-    def apply(self, view: ReplicaView, now_s: float) -> ReplicaView:
-        return self.get(view.replica_id).apply(view, now_s)

@@ -48,7 +48,7 @@ async def assert_idle(gw: RunningGateway) -> None:
     assert all(count == 0 for count in gw.state.in_flight_by_replica().values()), (
         gw.state.in_flight_by_replica()
     )
-    assert await eventually(lambda: gw.state.ledger_totals() == ReplicaLoad()), gw.state.ledger_totals()
+    assert await eventually(lambda: gw.state.ledger.totals() == ReplicaLoad()), gw.state.ledger.totals()
     assert gw.state.queued == 0
     controller = gw.gateway.path.dispatcher.controller
     assert controller.queue_stats(0.0).requests == 0

@@ -46,8 +46,8 @@ async def held_while_paused(
     replica = fleet.replicas[0]
     replica.pause()
     answer = asyncio.create_task(http.post(path, json=body))
-    assert await eventually(lambda: gw.state.ledger_totals().resident_sequences > 0 or answer.done())
-    held = gw.state.ledger_totals()
+    assert await eventually(lambda: gw.state.ledger.totals().resident_sequences > 0 or answer.done())
+    held = gw.state.ledger.totals()
     replica.resume()
     return held, await answer
 

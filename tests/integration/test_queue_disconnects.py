@@ -84,7 +84,7 @@ async def test_a_storm_of_queued_clients_hanging_up_returns_every_gauge_to_zero(
         limits = httpx.Limits(max_connections=400)
         async with httpx.AsyncClient(base_url=gw.url, timeout=120, limits=limits) as http:
             holders = [asyncio.create_task(http.post("/v1/completions", json=hold)) for _ in range(4)]
-            assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 4)
+            assert await eventually(lambda: gw.state.ledger.totals().resident_sequences == 4)
             storm = [asyncio.create_task(http.post("/v1/completions", json=small)) for _ in range(150)]
             assert await eventually(lambda: gw.state.queued == 150, timeout_s=30)
             for task in storm:
@@ -109,8 +109,8 @@ async def test_an_expired_lease_releases_a_leaked_reservation_counts_it_and_logs
         leaked = CostEstimate(MODEL, 100, 200, 131072)
         caplog.set_level(logging.WARNING, logger="kvgate.decide")
         assert gw.state.ledger.reserve("leaked", replica_id, leaked, time.monotonic())
-        assert gw.state.ledger_totals().resident_sequences == 1
-        assert await eventually(lambda: gw.state.ledger_totals() == ReplicaLoad(), timeout_s=10)
+        assert gw.state.ledger.totals().resident_sequences == 1
+        assert await eventually(lambda: gw.state.ledger.totals() == ReplicaLoad(), timeout_s=10)
         metrics = (await http.get("/metrics")).text
         assert 'kvgate_reservations_expired_total{pool="default"} 1.0' in metrics
         assert any("leaked" in record.getMessage() for record in caplog.records)
@@ -130,7 +130,7 @@ async def test_a_request_longer_than_the_lease_keeps_its_reservation() -> None:
             async for _ in response.aiter_bytes():
                 seen += 1
                 if seen % 20 == 0 and seen <= 160:
-                    assert gw.state.ledger_totals().resident_sequences == 1
+                    assert gw.state.ledger.totals().resident_sequences == 1
         metrics = (await http.get("/metrics")).text
         assert 'kvgate_reservations_expired_total{pool="default"} 1.0' not in metrics
         await assert_idle(gw)
@@ -148,7 +148,7 @@ async def test_a_retry_goes_only_where_admission_would_admit_it() -> None:
         async with running_gateway(settings) as gw, httpx.AsyncClient(base_url=gw.url, timeout=60) as http:
             body = {"model": MODEL, "prompt": "hold", "max_tokens": 300, "ignore_eos": True, "stream": True}
             holder = asyncio.create_task(http.post("/v1/completions", json=body))
-            assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 1)
+            assert await eventually(lambda: gw.state.ledger.totals().resident_sequences == 1)
             (busy,) = [
                 r.replica.replica_id for r in gw.gateway.path.dispatcher.routed_requests() if r.replica
             ]

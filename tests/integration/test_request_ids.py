@@ -43,8 +43,8 @@ async def test_requests_sharing_an_id_are_each_reserved_and_admitted_against_the
                 asyncio.create_task(http.post("/v1/completions", json=long_stream(), headers=headers))
                 for _ in range(20)
             ]
-            assert await eventually(lambda: gw.state.ledger_totals().resident_sequences >= 9)
-            held = gw.state.ledger_totals()
+            assert await eventually(lambda: gw.state.ledger.totals().resident_sequences >= 9)
+            held = gw.state.ledger.totals()
             assert held.reserved_kv_tokens <= KV_CAPACITY_TOKENS, "admission never over-commits"
             answers = await asyncio.gather(*tasks)
         admitted = [a for a in answers if a.status_code == 200]
@@ -61,8 +61,8 @@ async def test_a_request_naming_anothers_id_cannot_release_its_reservation() -> 
             victim = asyncio.create_task(
                 http.post("/v1/completions", json=long_stream(600), headers={"x-request-id": "victim"})
             )
-            assert await eventually(lambda: gw.state.ledger_totals().resident_sequences == 1)
-            before = gw.state.ledger_totals().reserved_kv_tokens
+            assert await eventually(lambda: gw.state.ledger.totals().resident_sequences == 1)
+            before = gw.state.ledger.totals().reserved_kv_tokens
             short = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
             intruder = await http.post(
                 "/v1/completions",
@@ -71,7 +71,7 @@ async def test_a_request_naming_anothers_id_cannot_release_its_reservation() -> 
             )
             assert intruder.status_code == 200
             assert not victim.done(), "the victim is still streaming"
-            after = gw.state.ledger_totals()
+            after = gw.state.ledger.totals()
             assert after.resident_sequences == 1
             assert after.reserved_kv_tokens == before, "the victim's reservation is intact"
             assert (await victim).status_code == 200

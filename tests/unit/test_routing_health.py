@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 
 from routing.health import HealthRules, HealthState, HealthTracker, Outcome, ReplicaHealth, outcome_of_status
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 RULES = HealthRules(
     unhealthy_threshold=3,
@@ -75,21 +74,14 @@ def test_backpressure_avoids_briefly_without_ejecting() -> None:
     assert healthy.observe(B, 1.0, RULES, retry_after_s=300.0).avoid_until_s == 11.0
 
 
-def test_apply_rewrites_health_fields_and_never_load() -> None:
-    load = ReplicaLoad(
-        prefill_tokens_pending=7, resident_sequences=2, remaining_decode_tokens=9, reserved_kv_tokens=30
-    )
-    view = ReplicaView("a", "http://a", "p", Role.MIXED, frozenset({"m"}), 100, 4, False, None, load)
+def test_view_fields_follow_the_health_state_through_ejection_and_probation() -> None:
     tracker = HealthTracker(RULES)
     for now_s, outcome in [(0.0, S), (0.5, S)]:
         tracker.observe("a", outcome, now_s)
-    up = tracker.apply(view, 1.0)
-    assert (up.healthy, up.ready_since_s, up.backoff_until_s, up.load) == (True, 0.5, 0.0, load)
+    assert tracker.get("a").view_fields(1.0) == (True, 0.5, 0.0)
     for now_s in (2.0, 3.0, 4.0):
         tracker.observe("a", F, now_s)
-    down = tracker.apply(up, 5.0)
-    assert (down.healthy, down.ready_since_s, down.backoff_until_s, down.load) == (False, None, 9.0, load)
-    probation = tracker.apply(down, 9.0)
-    assert (probation.healthy, probation.ready_since_s, probation.load) == (True, 9.0, load)
+    assert tracker.get("a").view_fields(5.0) == (False, None, 9.0)
+    assert tracker.get("a").view_fields(9.0) == (True, 9.0, 9.0)
     tracker.remove("a")
     assert tracker.get("a") == ReplicaHealth()
