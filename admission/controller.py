@@ -91,8 +91,8 @@ class AdmissionController:
             if not routable(v, model, now_s):
                 continue
             serving.append(v)
-            if v.capacity_kv_tokens > largest:
-                largest = v.capacity_kv_tokens
+            if v.kv_capacity_tokens > largest:
+                largest = v.kv_capacity_tokens
             slots = self._max_active(v)
             if slots > most_slots:
                 most_slots = slots

@@ -59,7 +59,7 @@ class WaitForecast:
     def _drain(self, view: ReplicaView) -> ReplicaDrain:
         """The replica's drain state, cached until its load, the rates or the learned lengths change."""
         max_active = self._max_active(view)
-        key = (view.load, view.capacity_kv_tokens, max_active, self.rates, self.calibration.version)
+        key = (view.load, view.kv_capacity_tokens, max_active, self.rates, self.calibration.version)
         cached = self._drains.get(view.replica_id)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -67,7 +67,7 @@ class WaitForecast:
         work = [
             ResidentWork(
                 held.kv_tokens,
-                held.prefill_tokens_pending,
+                held.pending_prompt_tokens,
                 self.calibration.expected_remaining_tokens(
                     held.cost.model, held.produced_tokens, held.cost.max_output_tokens
                 ),
@@ -77,7 +77,7 @@ class WaitForecast:
         drain = ReplicaDrain(
             view.replica_id,
             kv_room_tokens(view),
-            view.capacity_kv_tokens,
+            view.kv_capacity_tokens,
             view.load.resident_sequences,
             max_active,
             completions_s(work, self.rates),

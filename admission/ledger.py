@@ -37,7 +37,7 @@ class Reservation:
     produced_tokens: int = 0
 
     @property
-    def prefill_tokens_pending(self) -> int:
+    def pending_prompt_tokens(self) -> int:
         return 0 if self.first_token_seen else self.cost.prompt_tokens
 
     @property
@@ -125,7 +125,7 @@ class InMemoryLedger:
         self._put(_decoding(held, total))
         self._shift(
             held.replica_id,
-            -held.prefill_tokens_pending,
+            -held.pending_prompt_tokens,
             0,
             held.produced_tokens - total,
             0,
@@ -139,7 +139,7 @@ class InMemoryLedger:
         del self._by_replica[held.replica_id][request_id]
         self._shift(
             held.replica_id,
-            -held.prefill_tokens_pending,
+            -held.pending_prompt_tokens,
             -held.cost.sequences,
             -held.remaining_decode_tokens,
             -held.kv_tokens,
@@ -210,14 +210,14 @@ class InMemoryLedger:
         replica whose sums are all zero has no entry (so ``load`` hands out the shared empty one)."""
         old = self._loads.get(replica_id, NO_LOAD)
         load = ReplicaLoad(
-            old.prefill_tokens_pending + prefill_tokens,
+            old.pending_prompt_tokens + prefill_tokens,
             old.resident_sequences + sequences,
             old.remaining_decode_tokens + decode_tokens,
             old.reserved_kv_tokens + kv_tokens,
         )
         if (
             load.resident_sequences == 0
-            and load.prefill_tokens_pending == 0
+            and load.pending_prompt_tokens == 0
             and load.remaining_decode_tokens == 0
             and load.reserved_kv_tokens == 0
         ):
@@ -233,7 +233,7 @@ NO_LOAD = ReplicaLoad()
 
 def _sum(a: ReplicaLoad, b: ReplicaLoad, sign: int) -> ReplicaLoad:
     return ReplicaLoad(
-        prefill_tokens_pending=a.prefill_tokens_pending + sign * b.prefill_tokens_pending,
+        pending_prompt_tokens=a.pending_prompt_tokens + sign * b.pending_prompt_tokens,
         resident_sequences=a.resident_sequences + sign * b.resident_sequences,
         remaining_decode_tokens=a.remaining_decode_tokens + sign * b.remaining_decode_tokens,
         reserved_kv_tokens=a.reserved_kv_tokens + sign * b.reserved_kv_tokens,

@@ -53,7 +53,7 @@ def fleet_placer(replicas: Sequence[ReplicaView], now_s: float, max_active: MaxA
             chosen,
             load=dataclasses.replace(
                 load,
-                prefill_tokens_pending=load.prefill_tokens_pending + cost.prompt_tokens,
+                pending_prompt_tokens=load.pending_prompt_tokens + cost.prompt_tokens,
                 resident_sequences=load.resident_sequences + sequences,
                 remaining_decode_tokens=load.remaining_decode_tokens + cost.max_output_tokens,
                 reserved_kv_tokens=load.reserved_kv_tokens + kv_tokens,

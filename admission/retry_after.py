@@ -37,7 +37,7 @@ class ServiceRates:
 @dataclass(frozen=True, slots=True)
 class ResidentWork:
     kv_tokens: int
-    prefill_tokens_pending: int
+    pending_prompt_tokens: int
     expected_decode_tokens: float
 
 
@@ -46,8 +46,8 @@ class ReplicaDrain:
     """One routable replica's state for the drain estimate."""
 
     replica_id: str
-    room_kv_tokens: int
-    capacity_kv_tokens: int
+    kv_room_tokens: int
+    kv_capacity_tokens: int
     active_sequences: int
     max_active_sequences: int
     completions: tuple[tuple[float, int], ...]
@@ -90,9 +90,9 @@ def completions_s(resident: Sequence[ResidentWork], rates: ServiceRates) -> tupl
     times: list[tuple[float, int]] = []
     prefill_ahead_tokens = 0
     for work in resident:
-        prefill_ahead_tokens += work.prefill_tokens_pending
+        prefill_ahead_tokens += work.pending_prompt_tokens
         prefill_done_s = (
-            prefill_ahead_tokens / rates.prefill_tokens_per_s if work.prefill_tokens_pending else 0.0
+            prefill_ahead_tokens / rates.prefill_tokens_per_s if work.pending_prompt_tokens else 0.0
         )
         times.append((prefill_done_s + work.expected_decode_tokens * rates.inter_token_s, work.kv_tokens))
     times.sort()
@@ -108,7 +108,7 @@ class FleetDrain:
     freed_tokens: tuple[tuple[int, ...], ...]
     """Per replica, running KV tokens freed after each of its completions."""
     times_s: tuple[float, ...]
-    room_kv_tokens: tuple[int, ...]
+    kv_room_tokens: tuple[int, ...]
     """Fleet KV room after each completion in ``times_s``."""
     free_slots: tuple[int, ...]
     start_room_kv_tokens: int
@@ -128,7 +128,7 @@ class FleetDrain:
                 gains.append((t, tokens, 1 if r.active_sequences - j <= r.max_active_sequences else 0))
             freed.append(tuple(mine))
             events.append(gains)
-        room = sum(r.room_kv_tokens for r in replicas)
+        room = sum(r.kv_room_tokens for r in replicas)
         slots = sum(max(0, r.max_active_sequences - r.active_sequences) for r in replicas)
         times: list[float] = []
         rooms: list[int] = []
@@ -151,7 +151,7 @@ def drain_wait_s(kv_tokens: int, fleet: FleetDrain, backlog: Backlog, rates: Ser
     the answer is the later of the first instant some replica fits and the first instant the fleet
     holds the backlog too.
     """
-    fitting = [r for r in fleet.replicas if r.capacity_kv_tokens >= kv_tokens and r.max_active_sequences > 0]
+    fitting = [r for r in fleet.replicas if r.kv_capacity_tokens >= kv_tokens and r.max_active_sequences > 0]
     if not fitting:
         return math.inf
     fit_s = min(
@@ -170,9 +170,9 @@ def drain_wait_s(kv_tokens: int, fleet: FleetDrain, backlog: Backlog, rates: Ser
 
 
 def _first_fit_s(replica: ReplicaDrain, freed: tuple[int, ...], kv_tokens: int) -> float | None:
-    if replica.room_kv_tokens >= kv_tokens and replica.active_sequences < replica.max_active_sequences:
+    if replica.kv_room_tokens >= kv_tokens and replica.active_sequences < replica.max_active_sequences:
         return 0.0
-    by_room = bisect.bisect_left(freed, kv_tokens - replica.room_kv_tokens)
+    by_room = bisect.bisect_left(freed, kv_tokens - replica.kv_room_tokens)
     by_slot = max(0, replica.active_sequences - replica.max_active_sequences)
     index = max(by_room, by_slot)
     return replica.completions[index][0] if index < len(freed) else None
@@ -182,7 +182,7 @@ def _first_fleet_s(fleet: FleetDrain, need_room: float, need_slots: float) -> fl
     if fleet.start_room_kv_tokens >= need_room and fleet.start_free_slots >= need_slots:
         return 0.0
     index = max(
-        bisect.bisect_left(fleet.room_kv_tokens, need_room), bisect.bisect_left(fleet.free_slots, need_slots)
+        bisect.bisect_left(fleet.kv_room_tokens, need_room), bisect.bisect_left(fleet.free_slots, need_slots)
     )
     return fleet.times_s[index] if index < len(fleet.times_s) else None
 
@@ -191,7 +191,7 @@ def _waves_s(
     kv_tokens: int, replicas: Sequence[ReplicaDrain], backlog: Backlog, rates: ServiceRates
 ) -> float:
     """Time to serve ``backlog`` on an empty fleet, at the parallelism a request of ``kv_tokens`` allows."""
-    capacity = sum(r.capacity_kv_tokens for r in replicas)
+    capacity = sum(r.kv_capacity_tokens for r in replicas)
     slots = sum(r.max_active_sequences for r in replicas)
     parallel = max(1, min(slots, capacity // max(1, kv_tokens)))
     prefill_s = backlog.prompt_tokens / (rates.prefill_tokens_per_s * len(replicas))

@@ -115,7 +115,7 @@ def build_admin_app(
 
     @app.get("/fleetz")
     async def fleetz() -> Response:
-        models = {model: {"routable_replicas": len(state.routable(model))} for model in state.models}
+        models = {model: {"routable_replicas": len(state.healthy_replicas(model))} for model in state.models}
         ready = all(m["routable_replicas"] > 0 for m in models.values())
         return _json_status({"ready": ready, "models": models}, ready)
 

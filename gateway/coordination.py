@@ -87,7 +87,7 @@ def registry_key(namespace: str) -> str:
 def _encode(load: ReplicaLoad) -> bytes:
     return orjson.dumps(
         [
-            load.prefill_tokens_pending,
+            load.pending_prompt_tokens,
             load.resident_sequences,
             load.remaining_decode_tokens,
             load.reserved_kv_tokens,
@@ -110,7 +110,7 @@ def _decode(raw: bytes) -> ReplicaLoad | str:
 
 def _add(a: ReplicaLoad, b: ReplicaLoad) -> ReplicaLoad:
     return ReplicaLoad(
-        a.prefill_tokens_pending + b.prefill_tokens_pending,
+        a.pending_prompt_tokens + b.pending_prompt_tokens,
         a.resident_sequences + b.resident_sequences,
         a.remaining_decode_tokens + b.remaining_decode_tokens,
         a.reserved_kv_tokens + b.reserved_kv_tokens,

@@ -127,7 +127,7 @@ class Dispatcher:
 
     def _unbounded_views(self, now_s: float) -> tuple[ReplicaView, ...]:
         return tuple(
-            dataclasses.replace(v, capacity_kv_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
+            dataclasses.replace(v, kv_capacity_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
             for v in self._fleet.views(now_s)
         )
 

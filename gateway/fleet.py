@@ -93,7 +93,7 @@ class Fleet:
             other = foreign.get(replica_id) if foreign else None
             if other is not None:
                 load = ReplicaLoad(
-                    load.prefill_tokens_pending + other.prefill_tokens_pending,
+                    load.pending_prompt_tokens + other.pending_prompt_tokens,
                     load.resident_sequences + other.resident_sequences,
                     load.remaining_decode_tokens + other.remaining_decode_tokens,
                     load.reserved_kv_tokens + other.reserved_kv_tokens,
@@ -107,7 +107,7 @@ class Fleet:
                 and cached is not None
                 and cached[1] is health
                 and health.state is not EJECTED
-                and old.capacity_kv_tokens == capacity
+                and old.kv_capacity_tokens == capacity
             ):
                 healthy, ready_since_s, backoff_until_s = old.healthy, old.ready_since_s, old.backoff_until_s
             else:
@@ -121,7 +121,7 @@ class Fleet:
                 and old.backoff_until_s == backoff_until_s
                 and old.scraped is r.scraped
                 and old.ttft_ewma_s == r.ttft_ewma_s
-                and old.capacity_kv_tokens == capacity
+                and old.kv_capacity_tokens == capacity
             ):
                 views.append(old)
                 continue

@@ -123,7 +123,7 @@ class Pricer:
         url = ""
         headers = None
         if not self.encoder.is_local(request.model):
-            serving = self._state.routable(request.model)
+            serving = self._state.healthy_replicas(request.model)
             url = serving[0].url if serving else ""
             headers = replica_headers(serving[0]) if serving else None
         return await self.encoder.encode(request.model, body, size_bytes, self.session, url, headers)

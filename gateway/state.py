@@ -186,7 +186,10 @@ class GatewayState:
                     else b"Bearer " + pool.api_key.get_secret_value().encode("latin-1"),
                 )
 
-    def routable(self, model: str) -> list[ReplicaState]:
+    def healthy_replicas(self, model: str) -> list[ReplicaState]:
+        """Replicas serving ``model`` whose health lets them take requests (``/fleetz``, and where a
+        prompt is sent to be counted); admission and routing ask more of a replica, through
+        ``vocabulary.capacity.routable`` on its view."""
         return [r for r in self.replicas.values() if r.healthy and model in r.models]
 
     @property

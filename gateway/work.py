@@ -57,7 +57,7 @@ class FleetWork:
             held = state.ledger.resident(replica.replica_id)
             for reservation in held:
                 row = models[replica.pool][reservation.cost.model]
-                row[2] += reservation.prefill_tokens_pending
+                row[2] += reservation.pending_prompt_tokens
                 row[3] += 1
                 row[4] += max(0, reservation.remaining_decode_tokens)
             view = views[replica.replica_id]

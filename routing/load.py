@@ -19,7 +19,7 @@ from vocabulary.replica import ReplicaView
 
 def own_load_ratio(view: ReplicaView) -> float:
     load = view.load
-    return (load.prefill_tokens_pending + load.remaining_decode_tokens) / view.capacity_kv_tokens
+    return (load.pending_prompt_tokens + load.remaining_decode_tokens) / view.kv_capacity_tokens
 
 
 def scraped_load_ratio(view: ReplicaView) -> float:
@@ -45,7 +45,7 @@ def load_ratios(views: Sequence[ReplicaView], now_s: float, stale_s: float) -> l
         return [max(own_load_ratio(v), scraped_load_ratio(v)) for v in views]
     # own_load_ratio, written out: this runs for every candidate of every decision.
     return [
-        (v.load.prefill_tokens_pending + v.load.remaining_decode_tokens) / v.capacity_kv_tokens for v in views
+        (v.load.pending_prompt_tokens + v.load.remaining_decode_tokens) / v.kv_capacity_tokens for v in views
     ]
 
 

@@ -17,7 +17,7 @@ from vocabulary.replica import ReplicaView, Role
 
 
 def kv_room_tokens(view: ReplicaView) -> int:
-    return view.capacity_kv_tokens - view.load.reserved_kv_tokens
+    return view.kv_capacity_tokens - view.load.reserved_kv_tokens
 
 
 def fits(view: ReplicaView, kv_tokens: int, sequences: int, max_active_sequences: int) -> bool:
@@ -25,7 +25,7 @@ def fits(view: ReplicaView, kv_tokens: int, sequences: int, max_active_sequences
     request's ``sequences`` (a request with ``n`` sequences decodes ``n`` at once)."""
     load = view.load
     return (
-        kv_tokens <= view.capacity_kv_tokens - load.reserved_kv_tokens
+        kv_tokens <= view.kv_capacity_tokens - load.reserved_kv_tokens
         and load.resident_sequences + sequences <= max_active_sequences
     )
 

@@ -39,7 +39,7 @@ class ScrapedMetrics:
 class ReplicaLoad:
     """kvgate's reservations on a replica: the work it has sent there and not yet seen finish."""
 
-    prefill_tokens_pending: int = 0
+    pending_prompt_tokens: int = 0
     """Prompt tokens of admitted requests still waiting for their first token."""
     resident_sequences: int = 0
     """Admitted requests not yet finished (queued at the replica, prefilling or decoding)."""
@@ -50,7 +50,7 @@ class ReplicaLoad:
 
     @property
     def outstanding_tokens(self) -> int:
-        return self.prefill_tokens_pending + self.remaining_decode_tokens
+        return self.pending_prompt_tokens + self.remaining_decode_tokens
 
 
 @frozen_value
@@ -60,7 +60,7 @@ class ReplicaView:
     pool: str
     role: Role
     models: frozenset[str]
-    capacity_kv_tokens: int
+    kv_capacity_tokens: int
     max_sequences: int
     healthy: bool
     ready_since_s: float | None

@@ -57,7 +57,7 @@ class KvgatePolicy:
             index = self._index
             matched = [index.match_blocks(view.replica_id, hashes) for view in candidates]
             kv_tokens = request.kv_tokens
-            costs = [kv_tokens / view.capacity_kv_tokens for view in candidates]
+            costs = [kv_tokens / view.kv_capacity_tokens for view in candidates]
             bounded = within_bound(loads, costs, self._bounded_load_factor)
         else:
             # Without a prefix to score, no scorer reads the bound: every candidate is inside it.

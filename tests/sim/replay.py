@@ -39,7 +39,7 @@ class TraceRequest:
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:
     replica_id: str
-    capacity_kv_tokens: int = 200_000
+    kv_capacity_tokens: int = 200_000
     max_sequences: int = 256
     prefill_tokens_per_s: float = 20_000.0
     decode_s_per_token: float = 0.02
@@ -90,7 +90,7 @@ class _Replica:
             pool="default",
             role=Role.MIXED,
             models=frozenset({MODEL}),
-            capacity_kv_tokens=spec.capacity_kv_tokens,
+            kv_capacity_tokens=spec.kv_capacity_tokens,
             max_sequences=spec.max_sequences,
             healthy=True,
             ready_since_s=spec.ready_since_s if spec.ready_since_s <= now_s else None,

@@ -70,7 +70,7 @@ def shared_prompt_trace(seed: int, prompts: int = 8) -> list[TraceRequest]:
     return trace
 
 
-PREFIX_FLEET = [ReplicaSpec(f"r{i}", capacity_kv_tokens=100_000, cache_capacity_blocks=400) for i in range(6)]
+PREFIX_FLEET = [ReplicaSpec(f"r{i}", kv_capacity_tokens=100_000, cache_capacity_blocks=400) for i in range(6)]
 
 
 def max_request_share(result: ReplayResult) -> float:
@@ -92,7 +92,7 @@ def test_prefix_locality_hits_far_more_than_round_robin_within_the_load_bound() 
         scores = placement.decision.scores
         chosen = placement.decision.score_of(placement.decision.replica_id or "")
         assert chosen is not None and len(scores) == len(PREFIX_FLEET)
-        capacity = next(v.capacity_kv_tokens for v in placement.views if v.replica_id == chosen.replica_id)
+        capacity = next(v.kv_capacity_tokens for v in placement.views if v.replica_id == chosen.replica_id)
         cost = placement.request.kv_tokens / capacity
         mean_after = (sum(s.load_ratio for s in scores) + cost) / len(scores)
         assert chosen.load_ratio <= config.bounded_load_factor * mean_after

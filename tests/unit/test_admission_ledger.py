@@ -149,7 +149,7 @@ class LedgerMachine(RuleBasedStateMachine):
         for replica_id in REPLICAS:
             mine = [h for h in self.held.values() if h[0] == replica_id]
             assert self.ledger.load(replica_id) == ReplicaLoad(
-                prefill_tokens_pending=sum(h[1] for h in mine if not h[3]),
+                pending_prompt_tokens=sum(h[1] for h in mine if not h[3]),
                 resident_sequences=len(mine),
                 remaining_decode_tokens=sum(h[2] - h[4] for h in mine),
                 reserved_kv_tokens=sum(h[1] + h[2] for h in mine),

@@ -267,7 +267,7 @@ def test_promises_never_over_commit_a_replica(steps: list[tuple[str, int, Priori
             fleet.controller.expire(fleet.snapshot())
             resident += [d.request.request_id for d in fleet.pump()]
         for view in fleet.views():
-            assert view.load.reserved_kv_tokens <= view.capacity_kv_tokens
+            assert view.load.reserved_kv_tokens <= view.kv_capacity_tokens
 
 
 def test_a_promise_keeps_the_body_digest_not_the_body() -> None:

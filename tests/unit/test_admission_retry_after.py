@@ -47,9 +47,9 @@ def test_headers_round_up_and_cap(expected_s: float, seconds: int, milliseconds:
 
 def test_completions_queue_prefill_in_reservation_order() -> None:
     resident = [
-        ResidentWork(kv_tokens=600, prefill_tokens_pending=0, expected_decode_tokens=30),
-        ResidentWork(kv_tokens=400, prefill_tokens_pending=500, expected_decode_tokens=10),
-        ResidentWork(kv_tokens=300, prefill_tokens_pending=500, expected_decode_tokens=10),
+        ResidentWork(kv_tokens=600, pending_prompt_tokens=0, expected_decode_tokens=30),
+        ResidentWork(kv_tokens=400, pending_prompt_tokens=500, expected_decode_tokens=10),
+        ResidentWork(kv_tokens=300, pending_prompt_tokens=500, expected_decode_tokens=10),
     ]
     assert completions_s(resident, RATES) == ((1.5, 400), (2.0, 300), (3.0, 600))
 
@@ -57,8 +57,8 @@ def test_completions_queue_prefill_in_reservation_order() -> None:
 def test_wait_is_the_first_completion_that_frees_enough() -> None:
     r = replica(
         1000,
-        ResidentWork(kv_tokens=600, prefill_tokens_pending=0, expected_decode_tokens=10),
-        ResidentWork(kv_tokens=400, prefill_tokens_pending=0, expected_decode_tokens=20),
+        ResidentWork(kv_tokens=600, pending_prompt_tokens=0, expected_decode_tokens=10),
+        ResidentWork(kv_tokens=400, pending_prompt_tokens=0, expected_decode_tokens=20),
     )
     assert drain_wait_s(0, FleetDrain.of([r]), Backlog(), RATES) == 0.0
     assert drain_wait_s(500, FleetDrain.of([r]), Backlog(), RATES) == pytest.approx(1.0)
@@ -67,7 +67,7 @@ def test_wait_is_the_first_completion_that_frees_enough() -> None:
 
 
 def test_work_queued_ahead_is_served_first() -> None:
-    r = replica(1000, ResidentWork(kv_tokens=1000, prefill_tokens_pending=0, expected_decode_tokens=10))
+    r = replica(1000, ResidentWork(kv_tokens=1000, pending_prompt_tokens=0, expected_decode_tokens=10))
     alone = drain_wait_s(500, FleetDrain.of([r]), Backlog(), RATES)
     behind = drain_wait_s(
         500,
@@ -89,8 +89,8 @@ def test_work_queued_ahead_is_served_first() -> None:
 def test_sequence_slots_count_too() -> None:
     r = replica(
         10**6,
-        ResidentWork(kv_tokens=1, prefill_tokens_pending=0, expected_decode_tokens=10),
-        ResidentWork(kv_tokens=1, prefill_tokens_pending=0, expected_decode_tokens=30),
+        ResidentWork(kv_tokens=1, pending_prompt_tokens=0, expected_decode_tokens=10),
+        ResidentWork(kv_tokens=1, pending_prompt_tokens=0, expected_decode_tokens=30),
         max_active=2,
     )
     assert drain_wait_s(1, FleetDrain.of([r]), Backlog(), RATES) == pytest.approx(1.0)
@@ -107,7 +107,7 @@ works = st.lists(
     st.builds(
         ResidentWork,
         kv_tokens=st.integers(1, 4000),
-        prefill_tokens_pending=st.integers(0, 2000),
+        pending_prompt_tokens=st.integers(0, 2000),
         expected_decode_tokens=st.floats(0, 2000),
     ),
     max_size=12,
@@ -166,7 +166,7 @@ def test_wait_is_monotone_in_resident_work(
 
 def reference_wait_s(kv_tokens: int, replicas: list[ReplicaDrain], backlog: Backlog) -> float | None:
     """Replay completions one by one; None when the backlog never fits (the waves case)."""
-    room = {r.replica_id: r.room_kv_tokens for r in replicas}
+    room = {r.replica_id: r.kv_room_tokens for r in replicas}
     active = {r.replica_id: r.active_sequences for r in replicas}
     limit = {r.replica_id: r.max_active_sequences for r in replicas}
 
@@ -202,7 +202,7 @@ def test_fast_estimate_matches_a_replay(
     ]
     expected = reference_wait_s(kv_tokens, replicas, backlog)
     got = drain_wait_s(kv_tokens, FleetDrain.of(replicas), backlog, RATES)
-    if any(r.capacity_kv_tokens >= kv_tokens for r in replicas):
+    if any(r.kv_capacity_tokens >= kv_tokens for r in replicas):
         if expected is None:
             last = max((t for r in replicas for t, _ in r.completions), default=0.0)
             assert got >= last

@@ -63,10 +63,10 @@ def test_a_replica_of_unknown_capacity_is_not_routable_until_it_tells_its_capaci
     assert first.healthy and not unknown.healthy, "probed healthy, yet no capacity to admit against"
     assert first.discover_capacity(4000) is False, "nothing configured to disagree with"
     learned = d.views(100.0)[0]
-    assert learned.healthy and learned.capacity_kv_tokens == 4000
+    assert learned.healthy and learned.kv_capacity_tokens == 4000
     assert d.views(100.0)[0] is learned
     first.discover_capacity(8000)
-    assert d.views(100.0)[0].capacity_kv_tokens == 8000, "a replica restarted with more KV is seen"
+    assert d.views(100.0)[0].kv_capacity_tokens == 8000, "a replica restarted with more KV is seen"
     first.discover_capacity(None)
     assert first.kv_capacity_tokens == 8000, "a page without cache_config_info forgets nothing"
 
@@ -75,11 +75,11 @@ def test_a_configured_capacity_wins_and_each_new_disagreement_is_reported_once()
     d, state = fleet(kv_capacity_tokens=10000)
     first = state.replicas[URLS[0]]
     d.observe_outcome(first, Outcome.SUCCESS)
-    assert d.views(100.0)[0].capacity_kv_tokens == 10000, "routable on the configured value at once"
+    assert d.views(100.0)[0].kv_capacity_tokens == 10000, "routable on the configured value at once"
     assert first.discover_capacity(10000) is False
     assert not first.capacity_disagrees
     assert [first.discover_capacity(4000) for _ in range(3)] == [True, False, False]
     assert first.capacity_disagrees and first.discovered_kv_capacity_tokens == 4000
-    assert first.kv_capacity_tokens == 10000 and d.views(100.0)[0].capacity_kv_tokens == 10000
+    assert first.kv_capacity_tokens == 10000 and d.views(100.0)[0].kv_capacity_tokens == 10000
     assert first.discover_capacity(5000) is True, "another value is another warning"
     assert first.discover_capacity(10000) is False and not first.capacity_disagrees

@@ -23,7 +23,7 @@ def view(replica_id: str = "a", **changes: object) -> ReplicaView:
         pool="default",
         role=Role.MIXED,
         models=frozenset({MODEL}),
-        capacity_kv_tokens=10_000,
+        kv_capacity_tokens=10_000,
         max_sequences=4,
         healthy=True,
         ready_since_s=0.0,
@@ -95,7 +95,7 @@ def scraped(usage: float, waiting: int, at_s: float) -> ScrapedMetrics:
 
 
 def test_own_load_is_outstanding_tokens_over_capacity() -> None:
-    loaded = view(load=ReplicaLoad(prefill_tokens_pending=1_000, remaining_decode_tokens=1_500))
+    loaded = view(load=ReplicaLoad(pending_prompt_tokens=1_000, remaining_decode_tokens=1_500))
     assert load_ratios([loaded], now_s=0.0, stale_s=5.0) == [0.25]
 
 
