@@ -38,7 +38,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from admission.coordination import CoordinationStatus
@@ -54,8 +54,6 @@ from gateway.signals_window import (
     SignalsWindow,
 )
 from gateway.state import ReplicaState
-
-CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 TTFT_BUCKETS_S = (
     0.025,
@@ -632,26 +630,10 @@ class GatewayMetrics:
         self._ttft.observe(series.ttft, seconds)
         series.ttft_window.observe(seconds, self._clock())
 
-    def observe_itl(self, pool: str, model: str, seconds: float) -> None:
-        self.observe_itl_gaps(pool, model, (seconds,))
-
-    def observe_itl_gaps(self, pool: str, model: str, gaps_s: Sequence[float]) -> None:
-        """Every inter-token gap of one stream, binned in one pass."""
-        if not gaps_s:
-            return
-        series = self._series.get((pool, model)) or self._series_for(pool, model)
-        self._itl.observe_many(series.itl, gaps_s)
-        series.itl_window.observe_many(gaps_s, self._clock())
-
     def observe_queue_wait(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         self._queue_wait.observe(series.queue_wait, seconds)
         series.queue_wait_window.observe(seconds, self._clock())
-
-    def observe_e2e(self, pool: str, model: str, seconds: float) -> None:
-        series = self._series.get((pool, model)) or self._series_for(pool, model)
-        self._e2e.observe(series.e2e, seconds)
-        series.e2e_window.observe(seconds, self._clock())
 
     def record_response(
         self,
@@ -767,18 +749,6 @@ class GatewayMetrics:
             for kind in UPSTREAM_ERROR_KINDS:
                 self._upstream_errors.remove(*series.labels, kind)
 
-    def count_tokens(self, pool: str, model: str, prompt_tokens: int, output_tokens: int) -> None:
-        """Tokens of one finished request (call once per request, at its end)."""
-        series = self._series.get((pool, model)) or self._series_for(pool, model)
-        series.prompt_tokens.inc(prompt_tokens)
-        series.output_tokens.inc(output_tokens)
-        self.signals.count_tokens(pool, prompt_tokens, output_tokens)
-
-    def observe_tokenizer_ratio(self, model: str, estimated_tokens: int, actual_tokens: int) -> None:
-        if actual_tokens > 0:
-            ratio = self._tokenizer_ratio
-            ratio.observe(ratio.labels(model), estimated_tokens / actual_tokens)
-
     def bind_coordination(self, status: Callable[[], CoordinationStatus]) -> None:
         """Export the coordination gauges, asking ``status`` at every scrape; the error kinds start at 0."""
         if self._coordination_collector is None:
@@ -812,7 +782,7 @@ class GatewayMetrics:
         yield info
 
     def render(self) -> bytes:
-        """The Prometheus text exposition of every metric (serve with ``CONTENT_TYPE``)."""
+        """The Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
 
     def signals_doc(self) -> dict[str, Any]:

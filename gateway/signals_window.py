@@ -150,9 +150,6 @@ class LatencyWindow:
                 total[b] = total.get(b, 0) + n
         return total
 
-    def count(self, now_s: float) -> int:
-        return sum(self.merged(now_s).values())
-
     def quantile(self, q: float, now_s: float) -> float | None:
         """The ``q`` quantile of the window's samples (upper edge of its bin); None when empty."""
         bins = self.merged(now_s)
@@ -169,7 +166,7 @@ class LatencyWindow:
 
 
 class _SlotWindow:
-    """Per-second slots of sums over the last ``window_s`` seconds, read as per-second rates.
+    """Per-second slots of sums over the last ``window_s`` seconds, read as totals or per-second rates.
 
     A slot is ``[second, sum, ...]``; subclasses decide how many sums a slot carries and add to the
     one ``_slot`` returns, so recording costs one lookup however many sums change together."""
@@ -208,7 +205,7 @@ class _SlotWindow:
 
 
 class CountWindow(_SlotWindow):
-    """Sums of counts over the last ``window_s`` seconds, read as per-second rates."""
+    """A count over the last ``window_s`` seconds (the ``/signals`` decision counts)."""
 
     __slots__ = ()
 
@@ -221,9 +218,6 @@ class CountWindow(_SlotWindow):
     def total(self, now_s: float) -> int:
         self._prune(int(now_s // SLOT_S))
         return sum(slot[1] for slot in self._slots)
-
-    def rate_per_s(self, now_s: float) -> float:
-        return self._rates(now_s)[0]
 
 
 class ServedWindow(_SlotWindow):
@@ -259,7 +253,6 @@ class PoolWindows:
 class Desired:
     replicas: int
     reason: str
-    at_s: float
 
 
 class SignalsWindow:
@@ -284,16 +277,6 @@ class SignalsWindow:
             self._pools[pool] = windows
         return windows
 
-    def observe_latency(self, kind: str, pool: str, value_s: float) -> None:
-        self.pool_windows(pool).latency[kind].observe(value_s, self._clock())
-
-    def count_tokens(self, pool: str, prompt_tokens: int, output_tokens: int) -> None:
-        now_s = self._clock()
-        self.pool_windows(pool).served.add(prompt_tokens, output_tokens, now_s)
-
-    def count_decision(self, pool: str, decision: str, now_s: float | None = None) -> None:
-        self.decision_window(pool, decision).add(1, self._clock() if now_s is None else now_s)
-
     def decision_window(self, pool: str, decision: str) -> CountWindow:
         """The window counting ``decision`` outcomes in ``pool`` (created on first use)."""
         decisions = self.pool_windows(pool).decisions
@@ -303,7 +286,7 @@ class SignalsWindow:
         return window
 
     def set_desired(self, pool: str, replicas: int, reason: str) -> None:
-        self._desired[pool] = Desired(replicas, reason, self._clock())
+        self._desired[pool] = Desired(replicas, reason)
 
     def desired(self) -> Mapping[str, Desired]:
         return dict(self._desired)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from gateway.signals_window import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, pool_signals
+from gateway.signals_window import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, ServedWindow, pool_signals
 from tests.unit.test_metrics import FakeClock, populated
 from vocabulary.replica import Role
 
@@ -42,15 +42,25 @@ def test_bins_cover_llm_latencies() -> None:
 
 
 def test_rates_use_elapsed_time_until_the_window_fills() -> None:
-    window = CountWindow(60.0)
+    window = ServedWindow(60.0)
+    assert window.rates_per_s(now_s=0.0) == (0.0, 0.0, 0.0)
     for t in range(10):
-        window.add(100, now_s=float(t))
-    assert window.rate_per_s(now_s=10.0) == pytest.approx(100.0)
+        window.add(100, 10, now_s=float(t))
+    assert window.rates_per_s(now_s=10.0) == pytest.approx((100.0, 10.0, 1.0))
     for t in range(10, 120):
-        window.add(100, now_s=float(t))
-    assert window.rate_per_s(now_s=119.5) == pytest.approx(100.0)
-    assert window.rate_per_s(now_s=150.0) == pytest.approx(100 * 29 / 60)
-    assert window.rate_per_s(now_s=400.0) == 0.0
+        window.add(100, 10, now_s=float(t))
+    assert window.rates_per_s(now_s=119.5) == pytest.approx((100.0, 10.0, 1.0))
+    assert window.rates_per_s(now_s=150.0)[0] == pytest.approx(100 * 29 / 60)
+    assert window.rates_per_s(now_s=400.0) == (0.0, 0.0, 0.0)
+
+
+def test_counts_leave_the_window() -> None:
+    window = CountWindow(60.0)
+    window.add(2, now_s=0.0)
+    window.add(3, now_s=30.0)
+    assert window.total(now_s=59.0) == 5
+    assert window.total(now_s=61.0) == 3
+    assert window.total(now_s=120.0) == 0
 
 
 def test_snapshot_carries_work_latency_and_rates() -> None:
