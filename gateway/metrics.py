@@ -4,11 +4,8 @@
 build many). Per-request events go through ``observe_*`` / ``count_*`` methods: each is one call on
 the hot path, touches a cached labelled child and the matching ``SignalsWindow`` slot, and never
 allocates a new label set after the first request of a pool and model. The latency histograms and
-the counters are kvgate's own collectors (``_BucketHistogram``, ``_Counter``): an observation is one
-``bisect`` and two additions, an increment one addition, on the event loop and without the lock
-``prometheus_client`` takes on every call; a stream's inter-token gaps arrive in one call at its end
-and are binned in one pass, not one ``observe`` per token. Their exposition is exactly what
-``prometheus_client.Histogram`` and ``Counter`` write. ``record_response`` carries everything a
+the counters are kvgate's lock-free collectors (``gateway/collectors.py``); a stream's inter-token
+gaps arrive in one call at its end and are binned in one pass. ``record_response`` carries everything a
 finished response reports (TTFT, duration, gaps, tokens) in one call with one clock read. Work
 gauges (tokens queued, pending, resident, KV occupancy, replica readiness) are not pushed: a
 collector asks the gateway's ``PoolWorkSource`` at scrape time, so they are always current and drop
@@ -31,7 +28,6 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +38,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from admission.coordination import CoordinationStatus
+from gateway.collectors import BucketHistogram, Buckets, Count, Counter
 from gateway.errors import GatewayError, ModelNotFound
 from gateway.replica_http import ReplicaConnectError, ReplicaDisconnected, ReplicaHTTPError
 from gateway.signals_window import (
@@ -236,125 +233,6 @@ def _work_families(work: list[PoolWork]) -> Iterator[Metric]:
     yield from (prefill, replica_occ, pool_occ, ready, warming, replicas)
 
 
-class _Buckets:
-    """One label set of a histogram: a count per bucket (the last is ``+Inf``), the sum, creation."""
-
-    __slots__ = ("counts", "created_s", "labels", "sum")
-
-    def __init__(self, labels: dict[str, str], size: int) -> None:
-        self.labels = labels
-        self.counts = [0] * size
-        self.sum = 0.0
-        self.created_s = time.time()
-
-
-class _BucketHistogram(Collector):
-    """A labelled histogram written exactly as ``prometheus_client.Histogram`` writes it (``_bucket``
-    per upper bound and ``+Inf``, ``_count``, ``_sum``, ``_created``), observed without locks: the
-    gateway records on its one event-loop thread, and a scrape from another thread copies each
-    count list first (one atomic copy under the GIL)."""
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        labelnames: Sequence[str],
-        buckets: Sequence[float],
-        registry: CollectorRegistry,
-    ) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._labelnames = tuple(labelnames)
-        self.bounds = tuple(buckets)
-        self._bound_labels = (*(repr(float(b)) for b in self.bounds), "+Inf")
-        self._children: dict[tuple[str, ...], _Buckets] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> _Buckets:
-        child = self._children.get(values)
-        if child is None:
-            labels = dict(zip(self._labelnames, values, strict=True))
-            child = self._children[values] = _Buckets(labels, len(self.bounds) + 1)
-        return child
-
-    def observe(self, child: _Buckets, value: float) -> None:
-        child.counts[bisect_left(self.bounds, value)] += 1
-        child.sum += value
-
-    def observe_many(self, child: _Buckets, values: Sequence[float]) -> None:
-        bounds = self.bounds
-        counts = child.counts
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
-        child.sum += sum(values)
-
-    def describe(self) -> Iterable[Metric]:
-        return [Metric(self._name, self._documentation, "histogram")]
-
-    def collect(self) -> Iterable[Metric]:
-        histogram = Metric(self._name, self._documentation, "histogram")
-        created = Metric(self._name + "_created", self._documentation, "gauge")
-        for child in list(self._children.values()):
-            counts = list(child.counts)
-            total = 0
-            for le, n in zip(self._bound_labels, counts, strict=True):
-                total += n
-                histogram.add_sample(self._name + "_bucket", {**child.labels, "le": le}, float(total))
-            histogram.add_sample(self._name + "_count", child.labels, float(total))
-            histogram.add_sample(self._name + "_sum", child.labels, child.sum)
-            created.add_sample(self._name + "_created", child.labels, child.created_s)
-        return [histogram, created]
-
-
-class _Count:
-    """One label set of a counter: its value (a float, as ``prometheus_client`` keeps it) and creation."""
-
-    __slots__ = ("created_s", "labels", "value")
-
-    def __init__(self, labels: dict[str, str]) -> None:
-        self.labels = labels
-        self.value = 0.0
-        self.created_s = time.time()
-
-    def inc(self, amount: float = 1) -> None:
-        if amount < 0:
-            raise ValueError("Counters can only be incremented by non-negative amounts.")
-        self.value += amount
-
-
-class _Counter(Collector):
-    """A labelled counter written exactly as ``prometheus_client.Counter`` writes it (``_total`` and
-    ``_created`` per label set), incremented without a lock for the reason ``_BucketHistogram`` gives."""
-
-    def __init__(
-        self, name: str, documentation: str, labelnames: Sequence[str], registry: CollectorRegistry
-    ) -> None:
-        self._name = name
-        self._documentation = documentation
-        self._labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], _Count] = {}
-        registry.register(self)
-
-    def labels(self, *values: str) -> _Count:
-        child = self._children.get(values)
-        if child is None:
-            child = self._children[values] = _Count(dict(zip(self._labelnames, values, strict=True)))
-        return child
-
-    def remove(self, *values: str) -> None:
-        self._children.pop(values, None)
-
-    def describe(self) -> Iterable[Metric]:
-        return [Metric(self._name, self._documentation, "counter")]
-
-    def collect(self) -> Iterable[Metric]:
-        counter = Metric(self._name, self._documentation, "counter")
-        for child in list(self._children.values()):
-            counter.add_sample(self._name + "_total", child.labels, child.value)
-            counter.add_sample(self._name + "_created", child.labels, child.created_s)
-        return [counter]
-
-
 class _CoordinationCollector(Collector):
     """The coordination gauges, read from the coordinator at scrape time so they never lag."""
 
@@ -385,12 +263,12 @@ class _CoordinationCollector(Collector):
 class _Series:
     """Every labelled child and window one (pool, model) pair's events touch, looked up once."""
 
-    ttft: _Buckets
-    itl: _Buckets
-    queue_wait: _Buckets
-    e2e: _Buckets
-    prompt_tokens: _Count
-    output_tokens: _Count
+    ttft: Buckets
+    itl: Buckets
+    queue_wait: Buckets
+    e2e: Buckets
+    prompt_tokens: Count
+    output_tokens: Count
     windows: PoolWindows
     ttft_window: LatencyWindow
     itl_window: LatencyWindow
@@ -402,7 +280,7 @@ class _Series:
 class _Decisions:
     """One (pool, model, decision, reason)'s counter and its pool's ``/signals`` decision window."""
 
-    count: _Count
+    count: Count
     window: CountWindow
 
 
@@ -411,8 +289,8 @@ class _ReplicaSeries:
     """One replica's ejection counter and its upstream error counter per kind."""
 
     labels: tuple[str, str]
-    ejections: _Count
-    errors: dict[str, _Count]
+    ejections: Count
+    errors: dict[str, Count]
 
 
 def _reason_of(error: GatewayError) -> str:
@@ -483,68 +361,68 @@ class GatewayMetrics:
         self._source: PoolWorkSource = work_source or _NoWork()
         pm = ["pool", "model"]
         r = self.registry
-        self._ttft = _BucketHistogram(
+        self._ttft = BucketHistogram(
             "kvgate_time_to_first_token_seconds",
             "Seconds from the request reaching kvgate to its first output token reaching the client.",
             pm,
             buckets=TTFT_BUCKETS_S,
             registry=r,
         )
-        self._itl = _BucketHistogram(
+        self._itl = BucketHistogram(
             "kvgate_inter_token_latency_seconds",
             "Seconds between consecutive output tokens of a streamed response.",
             pm,
             buckets=ITL_BUCKETS_S,
             registry=r,
         )
-        self._queue_wait = _BucketHistogram(
+        self._queue_wait = BucketHistogram(
             "kvgate_queue_wait_seconds",
             "Seconds a request waited in kvgate's admission queue before it was admitted or dropped.",
             pm,
             buckets=QUEUE_WAIT_BUCKETS_S,
             registry=r,
         )
-        self._e2e = _BucketHistogram(
+        self._e2e = BucketHistogram(
             "kvgate_request_duration_seconds",
             "Seconds from the request reaching kvgate to its last byte reaching the client.",
             pm,
             buckets=E2E_BUCKETS_S,
             registry=r,
         )
-        self._tokenizer_ratio = _BucketHistogram(
+        self._tokenizer_ratio = BucketHistogram(
             "kvgate_tokenizer_estimate_ratio",
             "kvgate's prompt token estimate divided by the replica's reported prompt tokens.",
             ["model"],
             buckets=TOKENIZER_RATIO_BUCKETS,
             registry=r,
         )
-        self._decisions = _Counter(
+        self._decisions = Counter(
             "kvgate_admission_decisions",
             "Admission decisions by outcome (admit, queue, reject) and reason.",
             ["pool", "model", "decision", "reason"],
             registry=r,
         )
-        self._prompt_tokens = _Counter(
+        self._prompt_tokens = Counter(
             "kvgate_prompt_tokens", "Prompt tokens of requests served (replica's count).", pm, registry=r
         )
-        self._output_tokens = _Counter(
+        self._output_tokens = Counter(
             "kvgate_output_tokens", "Output tokens streamed back to clients.", pm, registry=r
         )
-        self._expired = _Counter(
+        self._expired = Counter(
             "kvgate_reservations_expired",
             "Reservations released because their lease ran out: their request never released them "
             "(a gateway bug, or a request stuck past its lease); any increase deserves an alert.",
             ["pool"],
             registry=r,
         )
-        self._coordination_errors = _Counter(
+        self._coordination_errors = Counter(
             "kvgate_coordination_errors",
             "Redis coordination failures by kind: connection, authentication, timeout, response (a "
             "Redis error reply), bad_value (an entry of another gateway skipped as unreadable), internal.",
             ["kind"],
             registry=r,
         )
-        self._responses = _Counter(
+        self._responses = Counter(
             "kvgate_responses",
             "Answers of the completion routes by HTTP code and reason: `replica` when the status is "
             "the replica's, else why the gateway answered so (an admission reason, invalid_request, "
@@ -552,20 +430,20 @@ class GatewayMetrics:
             ["code", "reason"],
             registry=r,
         )
-        self._upstream_errors = _Counter(
+        self._upstream_errors = Counter(
             "kvgate_upstream_errors",
             "Failed attempts on a replica by kind: " + ", ".join(UPSTREAM_ERROR_KINDS) + ".",
             ["pool", "replica", "kind"],
             registry=r,
         )
-        self._retries = _Counter(
+        self._retries = Counter(
             "kvgate_retries",
             "What became of requests whose replica failed before the first byte: retry (sent to "
             "another replica), no_replica, or refused by max_retries or the retry budget.",
             ["pool", "outcome"],
             registry=r,
         )
-        self._ejections = _Counter(
+        self._ejections = Counter(
             "kvgate_replica_ejections",
             "Times a replica was ejected from routing by passive or active health checks.",
             ["pool", "replica"],
@@ -575,8 +453,8 @@ class GatewayMetrics:
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         GCCollector(registry=r)
-        self._relayed: dict[int, _Count] = {}
-        self._refused: dict[tuple[type[GatewayError], str | None], _Count] = {}
+        self._relayed: dict[int, Count] = {}
+        self._refused: dict[tuple[type[GatewayError], str | None], Count] = {}
         self._replicas: dict[str, _ReplicaSeries] = {}
         self._coordination_collector: _CoordinationCollector | None = None
         self._decided: dict[tuple[str, str, str, str], _Decisions] = {}
@@ -627,12 +505,12 @@ class GatewayMetrics:
 
     def observe_ttft(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
-        self._ttft.observe(series.ttft, seconds)
+        series.ttft.observe(seconds)
         series.ttft_window.observe(seconds, self._clock())
 
     def observe_queue_wait(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
-        self._queue_wait.observe(series.queue_wait, seconds)
+        series.queue_wait.observe(seconds)
         series.queue_wait_window.observe(seconds, self._clock())
 
     def record_response(
@@ -652,12 +530,12 @@ class GatewayMetrics:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         now_s = self._clock()
         if ttft_s is not None:
-            self._ttft.observe(series.ttft, ttft_s)
+            series.ttft.observe(ttft_s)
             series.ttft_window.observe(ttft_s, now_s)
-        self._e2e.observe(series.e2e, e2e_s)
+        series.e2e.observe(e2e_s)
         series.e2e_window.observe(e2e_s, now_s)
         if itl_gaps_s:
-            self._itl.observe_many(series.itl, itl_gaps_s)
+            series.itl.observe_many(itl_gaps_s)
             series.itl_window.observe_many(itl_gaps_s, now_s)
         if prompt_tokens is None:
             return
@@ -665,8 +543,7 @@ class GatewayMetrics:
         series.output_tokens.inc(output_tokens)
         series.windows.served.add(prompt_tokens, output_tokens, now_s)
         if estimated_prompt_tokens is not None and prompt_tokens > 0:
-            ratio = self._tokenizer_ratio
-            ratio.observe(ratio.labels(model), estimated_prompt_tokens / prompt_tokens)
+            self._tokenizer_ratio.labels(model).observe(estimated_prompt_tokens / prompt_tokens)
 
     def count_admitted(self, pool: str, model: str, reason: str, queue_wait_s: float | None) -> None:
         """One admission, with its queue wait (None: not observed here)."""
@@ -676,7 +553,7 @@ class GatewayMetrics:
         decided.window.add(1, now_s)
         if queue_wait_s is not None:
             series = self._series.get((pool, model)) or self._series_for(pool, model)
-            self._queue_wait.observe(series.queue_wait, queue_wait_s)
+            series.queue_wait.observe(queue_wait_s)
             series.queue_wait_window.observe(queue_wait_s, now_s)
 
     def count_decision(self, decision: str, reason: str, *, pool: str = "", model: str = "") -> None:
