@@ -40,16 +40,10 @@ from prometheus_client.registry import Collector
 from admission.coordination import CoordinationStatus
 from gateway.collectors import BucketHistogram, Buckets, Count, Counter
 from gateway.errors import GatewayError, ModelNotFound
+from gateway.pool_work import PoolWork, PoolWorkSource
 from gateway.replica_http import ReplicaConnectError, ReplicaDisconnected, ReplicaHTTPError
-from gateway.signals_window import (
-    Clock,
-    CountWindow,
-    LatencyWindow,
-    PoolWindows,
-    PoolWork,
-    PoolWorkSource,
-    SignalsWindow,
-)
+from gateway.signals_window import Clock, SignalsWindow
+from gateway.sliding_windows import CountWindow, LatencyWindow, ServedWindow
 from gateway.state import ReplicaState
 
 TTFT_BUCKETS_S = (
@@ -269,11 +263,11 @@ class _Series:
     e2e: Buckets
     prompt_tokens: Count
     output_tokens: Count
-    windows: PoolWindows
     ttft_window: LatencyWindow
     itl_window: LatencyWindow
     queue_wait_window: LatencyWindow
     e2e_window: LatencyWindow
+    served: ServedWindow
 
 
 @dataclass(frozen=True, slots=True)
@@ -495,11 +489,11 @@ class GatewayMetrics:
                 e2e=self._e2e.labels(pool, model),
                 prompt_tokens=self._prompt_tokens.labels(pool, model),
                 output_tokens=self._output_tokens.labels(pool, model),
-                windows=windows,
-                ttft_window=windows.latency["ttft"],
-                itl_window=windows.latency["itl"],
-                queue_wait_window=windows.latency["queue_wait"],
-                e2e_window=windows.latency["e2e"],
+                ttft_window=windows.ttft,
+                itl_window=windows.itl,
+                queue_wait_window=windows.queue_wait,
+                e2e_window=windows.e2e,
+                served=windows.served,
             )
         return series
 
@@ -541,7 +535,7 @@ class GatewayMetrics:
             return
         series.prompt_tokens.inc(prompt_tokens)
         series.output_tokens.inc(output_tokens)
-        series.windows.served.add(prompt_tokens, output_tokens, now_s)
+        series.served.add(prompt_tokens, output_tokens, now_s)
         if estimated_prompt_tokens is not None and prompt_tokens > 0:
             self._tokenizer_ratio.labels(model).observe(estimated_prompt_tokens / prompt_tokens)
 

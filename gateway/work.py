@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 from gateway.decide import KvgateDecider
-from gateway.signals_window import ModelWork, PoolWork, ReplicaWork
+from gateway.pool_work import ModelWork, PoolWork, ReplicaWork
 from gateway.state import GatewayState
 from vocabulary.replica import Role
 

@@ -28,13 +28,13 @@ from gateway.metrics import (
     WORK_GAUGES,
     GatewayMetrics,
 )
+from gateway.pool_work import ModelWork, PoolWork, ReplicaWork
 from gateway.replica_http import (
     ReplicaConnectError,
     ReplicaDisconnected,
     ReplicaProtocolError,
     ReplicaTimeout,
 )
-from gateway.signals_window import ModelWork, PoolWork, ReplicaWork
 from gateway.state import ReplicaState, replica_name
 from vocabulary.replica import Role
 
