@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from admission.coordination import CoordinationStatus
 from gateway.errors import (
     BadGateway,
     BadRequest,
@@ -19,15 +20,8 @@ from gateway.errors import (
     TooManyRequests,
     Unauthorized,
 )
-from gateway.metrics import (
-    COUNTERS,
-    HISTOGRAMS,
-    INFO_GAUGES,
-    RETRY_OUTCOMES,
-    UPSTREAM_ERROR_KINDS,
-    WORK_GAUGES,
-    GatewayMetrics,
-)
+from gateway.event_series import COUNTERS, HISTOGRAMS, ITL_BUCKETS_S, RETRY_OUTCOMES, UPSTREAM_ERROR_KINDS
+from gateway.metrics import GatewayMetrics
 from gateway.pool_work import ModelWork, PoolWork, ReplicaWork
 from gateway.replica_http import (
     ReplicaConnectError,
@@ -36,6 +30,7 @@ from gateway.replica_http import (
     ReplicaTimeout,
 )
 from gateway.state import ReplicaState, replica_name
+from gateway.state_gauges import COORDINATION_SERIES, INFO_GAUGES, WORK_GAUGES
 from vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -193,6 +188,17 @@ def test_every_metric_is_documented() -> None:
     assert not missing
 
 
+def test_coordination_series_are_exported_once_bound_and_documented() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    assert not set(COORDINATION_SERIES) & set(samples(metrics))
+    metrics.bind_coordination(lambda: CoordinationStatus(up=True, last_sync_age_s=2.0, refusing=False))
+    series = samples(metrics)
+    assert set(COORDINATION_SERIES) <= set(series)
+    assert value(series, "kvgate_coordination_errors_total", kind="timeout") == 0
+    doc = (Path(__file__).parents[2] / "docs" / "gateway.md").read_text()
+    assert [name for name in COORDINATION_SERIES if f"`{name}" not in doc] == []
+
+
 def test_itl_gaps_are_binned_in_one_call_like_single_observations() -> None:
     clock = FakeClock()
     bulk = GatewayMetrics(StaticWork(busy_pools()), clock=clock)
@@ -216,8 +222,6 @@ def test_itl_gaps_are_binned_in_one_call_like_single_observations() -> None:
 
 def test_histograms_are_written_as_prometheus_client_writes_them() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
-
-    from gateway.metrics import ITL_BUCKETS_S
 
     metrics = GatewayMetrics(clock=FakeClock())
     registry = CollectorRegistry()
