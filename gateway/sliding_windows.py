@@ -39,27 +39,29 @@ class LatencyWindow:
         self._slots: deque[_Slot] = deque()
 
     def observe(self, value_s: float, now_s: float) -> None:
-        index = int(now_s // SLOT_S)
         slots = self._slots
-        if not slots or slots[-1].index != index:
-            slots.append(_Slot(index))
-            self._prune(index)
+        if not slots or slots[-1].index != int(now_s // SLOT_S):
+            self._open(now_s)
         bins = slots[-1].bins
         b = bisect_left(BIN_UPPER_BOUNDS, value_s)
         bins[b] = bins.get(b, 0) + 1
 
     def observe_many(self, values_s: Sequence[float], now_s: float) -> None:
         """Several samples taken by ``now_s`` (a stream's inter-token gaps), binned in one pass."""
-        index = int(now_s // SLOT_S)
         slots = self._slots
-        if not slots or slots[-1].index != index:
-            slots.append(_Slot(index))
-            self._prune(index)
+        if not slots or slots[-1].index != int(now_s // SLOT_S):
+            self._open(now_s)
         bins = slots[-1].bins
         get = bins.get
         for value_s in values_s:
             b = bisect_left(BIN_UPPER_BOUNDS, value_s)
             bins[b] = get(b, 0) + 1
+
+    def _open(self, now_s: float) -> None:
+        """Open the slot of ``now_s``'s second (once a second at most) and drop those past the window."""
+        index = int(now_s // SLOT_S)
+        self._slots.append(_Slot(index))
+        self._prune(index)
 
     def _prune(self, index: int) -> None:
         while self._slots and self._slots[0].index <= index - self._window_slots:
