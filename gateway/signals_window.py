@@ -1,269 +1,49 @@
-"""Per-pool work and latency signals over a sliding time window, for ``GET /signals``.
+"""The ``/signals`` document: per-pool work, windowed latency quantiles, token and request rates,
+admission decisions and the autoscaling policy's last answer.
 
-Two kinds of input feed this module. Work is a *state*: the gateway reports it when asked, through
-the ``PoolWorkSource`` protocol (prompt tokens queued and pending, resident sequences, remaining
-decode tokens, per-replica KV occupancy and readiness), so it is always current and returns to
-zero when nothing is in flight. Latencies and token counts are *events*: each is recorded once,
-into one-second slots of a log-binned histogram or a counter, and slots older than the window are
-dropped, so memory is bounded by the window whatever the request rate. Quantiles are read from the
-merged bins (relative error under the bin ratio, 5 %); rates divide the window's counts by the
-window, or by the time since the first slot when the window is not yet full. The clock is injected.
+``GatewayMetrics`` records each event into the pool's windows here (``pool_windows``,
+``decision_window``) and each recommendation (``set_desired``); ``snapshot`` reads them beside the
+work the gateway reports at that instant (``PoolWork``) and writes the document. ``pool_signals``
+reads the document back into the policy's input, so the field names live in one module.
 """
 
 from __future__ import annotations
 
-import math
-from bisect import bisect_left
-from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from autoscaler.signals import PoolSignals
+from gateway.pool_work import PoolWork
+from gateway.sliding_windows import CountWindow, LatencyWindow, ServedWindow
 from vocabulary.replica import Role
 
 Clock = Callable[[], float]
 
-SLOT_S = 1.0
-_BIN_RATIO = 1.05
-_BIN_FLOOR_S = 1e-4
-_BIN_COUNT = math.ceil(math.log(1e4 / _BIN_FLOOR_S) / math.log(_BIN_RATIO))
-BIN_UPPER_BOUNDS: tuple[float, ...] = tuple(_BIN_FLOOR_S * _BIN_RATIO**i for i in range(_BIN_COUNT + 1))
-LATENCY_KINDS = ("ttft", "itl", "queue_wait", "e2e")
-
 
 @dataclass(frozen=True, slots=True)
-class ReplicaWork:
-    """One replica's state as the gateway sees it."""
-
-    replica: str
-    kv_capacity_tokens: int
-    kv_occupancy_estimate_ratio: float
-    """kvgate's reservations (prompt + max output per resident sequence) over capacity."""
-    kv_occupancy_scraped_ratio: float | None
-    """The replica's own ``vllm:kv_cache_usage_perc``; None when never scraped or stale."""
-    ready: bool
-    warming: bool = False
-    """Ready but still inside the warm-up ramp (taking a reduced share of traffic)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ModelWork:
-    """Work for one model in one pool, in tokens and sequences."""
-
-    model: str
-    queued_requests: int = 0
-    queued_prompt_tokens: int = 0
-    """Prompt tokens of requests waiting in kvgate's admission queue."""
-    pending_prompt_tokens: int = 0
-    """Prompt tokens of admitted requests that have not produced a first token yet."""
-    resident_sequences: int = 0
-    remaining_decode_tokens: int = 0
-    """Sum of ``max_output_tokens - produced`` over resident sequences: a worst-case bound."""
-
-
-@dataclass(frozen=True, slots=True)
-class PoolWork:
-    pool: str
-    role: Role
-    models: tuple[ModelWork, ...] = ()
-    replicas: tuple[ReplicaWork, ...] = ()
-
-    def total(self, name: str) -> int:
-        """Sum of one ``ModelWork`` field over the pool's models."""
-        return sum(int(getattr(m, name)) for m in self.models)
-
-    @property
-    def kv_occupancy_estimate_ratio(self) -> float:
-        return _weighted_occupancy(
-            [(r.kv_capacity_tokens, r.kv_occupancy_estimate_ratio) for r in self.replicas]
-        )
-
-    @property
-    def kv_occupancy_scraped_ratio(self) -> float | None:
-        scraped = [
-            (r.kv_capacity_tokens, r.kv_occupancy_scraped_ratio)
-            for r in self.replicas
-            if r.kv_occupancy_scraped_ratio is not None
-        ]
-        return _weighted_occupancy(scraped) if scraped else None
-
-
-class PoolWorkSource(Protocol):
-    """What the gateway reports about its pools at the instant it is asked."""
-
-    def pool_work(self) -> Iterable[PoolWork]: ...
-
-
-def _weighted_occupancy(pairs: list[tuple[int, float]]) -> float:
-    capacity = sum(c for c, _ in pairs)
-    return sum(c * r for c, r in pairs) / capacity if capacity > 0 else 0.0
-
-
-@dataclass(slots=True)
-class _Slot:
-    index: int
-    bins: dict[int, int] = field(default_factory=dict)
-
-
-class LatencyWindow:
-    """Latency samples of the last ``window_s`` seconds, as a histogram with 5 % wide bins."""
-
-    __slots__ = ("_slots", "_window_slots")
-
-    def __init__(self, window_s: float) -> None:
-        self._window_slots = max(1, math.ceil(window_s / SLOT_S))
-        self._slots: deque[_Slot] = deque()
-
-    def observe(self, value_s: float, now_s: float) -> None:
-        index = int(now_s // SLOT_S)
-        slots = self._slots
-        if not slots or slots[-1].index != index:
-            slots.append(_Slot(index))
-            self._prune(index)
-        bins = slots[-1].bins
-        b = bisect_left(BIN_UPPER_BOUNDS, value_s)
-        bins[b] = bins.get(b, 0) + 1
-
-    def observe_many(self, values_s: Sequence[float], now_s: float) -> None:
-        """Several samples taken by ``now_s`` (a stream's inter-token gaps), binned in one pass."""
-        index = int(now_s // SLOT_S)
-        slots = self._slots
-        if not slots or slots[-1].index != index:
-            slots.append(_Slot(index))
-            self._prune(index)
-        bins = slots[-1].bins
-        get = bins.get
-        for value_s in values_s:
-            b = bisect_left(BIN_UPPER_BOUNDS, value_s)
-            bins[b] = get(b, 0) + 1
-
-    def _prune(self, index: int) -> None:
-        while self._slots and self._slots[0].index <= index - self._window_slots:
-            self._slots.popleft()
-
-    def merged(self, now_s: float) -> dict[int, int]:
-        self._prune(int(now_s // SLOT_S))
-        total: dict[int, int] = {}
-        for slot in self._slots:
-            for b, n in slot.bins.items():
-                total[b] = total.get(b, 0) + n
-        return total
-
-    def count(self, now_s: float) -> int:
-        return sum(self.merged(now_s).values())
-
-    def quantile(self, q: float, now_s: float) -> float | None:
-        """The ``q`` quantile of the window's samples (upper edge of its bin); None when empty."""
-        bins = self.merged(now_s)
-        n = sum(bins.values())
-        if n == 0:
-            return None
-        rank = max(1, math.ceil(q * n))
-        seen = 0
-        for b in sorted(bins):
-            seen += bins[b]
-            if seen >= rank:
-                return BIN_UPPER_BOUNDS[min(b, len(BIN_UPPER_BOUNDS) - 1)]
-        raise AssertionError("rank beyond sample count")
-
-
-class _SlotWindow:
-    """Per-second slots of sums over the last ``window_s`` seconds, read as per-second rates.
-
-    A slot is ``[second, sum, ...]``; subclasses decide how many sums a slot carries and add to the
-    one ``_slot`` returns, so recording costs one lookup however many sums change together."""
-
-    __slots__ = ("_first_s", "_slots", "_width", "_window_s", "_window_slots")
-
-    def __init__(self, window_s: float, width: int) -> None:
-        self._window_s = window_s
-        self._window_slots = max(1, math.ceil(window_s / SLOT_S))
-        self._width = width
-        self._slots: deque[list[int]] = deque()
-        self._first_s: float | None = None
-
-    def _slot(self, now_s: float) -> list[int]:
-        """The slot of ``now_s``'s second, opened (and the window pruned) on its first use."""
-        index = int(now_s // SLOT_S)
-        if self._first_s is None:
-            self._first_s = now_s
-        slots = self._slots
-        if not slots or slots[-1][0] != index:
-            slots.append([index] + [0] * self._width)
-            self._prune(index)
-        return slots[-1]
-
-    def _prune(self, index: int) -> None:
-        while self._slots and self._slots[0][0] <= index - self._window_slots:
-            self._slots.popleft()
-
-    def _rates(self, now_s: float) -> list[float]:
-        """Each sum over the window divided by the seconds it covers (all zero before any add)."""
-        if self._first_s is None:
-            return [0.0] * self._width
-        self._prune(int(now_s // SLOT_S))
-        span_s = min(self._window_s, max(SLOT_S, now_s - self._first_s))
-        return [sum(slot[column] for slot in self._slots) / span_s for column in range(1, self._width + 1)]
-
-
-class CountWindow(_SlotWindow):
-    """Sums of counts over the last ``window_s`` seconds, read as per-second rates."""
-
-    __slots__ = ()
-
-    def __init__(self, window_s: float) -> None:
-        super().__init__(window_s, 1)
-
-    def add(self, n: int, now_s: float) -> None:
-        self._slot(now_s)[1] += n
-
-    def total(self, now_s: float) -> int:
-        self._prune(int(now_s // SLOT_S))
-        return sum(slot[1] for slot in self._slots)
-
-    def rate_per_s(self, now_s: float) -> float:
-        return self._rates(now_s)[0]
-
-
-class ServedWindow(_SlotWindow):
-    """Finished requests over the last ``window_s`` seconds: their prompt tokens, output tokens and
-    count, read as per-second rates. The three always change together, so each second's slot holds
-    all three sums and a request is recorded with one slot lookup."""
-
-    __slots__ = ()
-
-    def __init__(self, window_s: float) -> None:
-        super().__init__(window_s, 3)
-
-    def add(self, prompt_tokens: int, output_tokens: int, now_s: float) -> None:
-        slot = self._slot(now_s)
-        slot[1] += prompt_tokens
-        slot[2] += output_tokens
-        slot[3] += 1
-
-    def rates_per_s(self, now_s: float) -> tuple[float, float, float]:
-        """Prompt tokens, output tokens and requests per second."""
-        prompt, output, requests = self._rates(now_s)
-        return prompt, output, requests
-
-
-@dataclass(slots=True)
 class PoolWindows:
-    latency: dict[str, LatencyWindow]
+    """One pool's windows: what the recorder writes each event into and ``snapshot`` reads."""
+
+    ttft: LatencyWindow
+    itl: LatencyWindow
+    queue_wait: LatencyWindow
+    e2e: LatencyWindow
     served: ServedWindow
     decisions: dict[str, CountWindow]
+    """One count per admission outcome (``admit``, ``queue``, ``reject``), opened by its first."""
 
 
 @dataclass(frozen=True, slots=True)
 class Desired:
+    """The autoscaling policy's last answer for a pool."""
+
     replicas: int
     reason: str
-    at_s: float
 
 
 class SignalsWindow:
-    """Windowed per-pool aggregates: fed by one record call per event, read by ``snapshot``."""
+    """Every pool's windows and last recommendation; ``snapshot`` reads them into ``/signals``."""
 
     def __init__(self, clock: Clock, window_s: float = 60.0, quantile: float = 0.95) -> None:
         self._clock = clock
@@ -276,23 +56,10 @@ class SignalsWindow:
         windows = self._pools.get(pool)
         if windows is None:
             w = self.window_s
-            windows = PoolWindows(
-                latency={kind: LatencyWindow(w) for kind in LATENCY_KINDS},
-                served=ServedWindow(w),
-                decisions={},
+            windows = self._pools[pool] = PoolWindows(
+                LatencyWindow(w), LatencyWindow(w), LatencyWindow(w), LatencyWindow(w), ServedWindow(w), {}
             )
-            self._pools[pool] = windows
         return windows
-
-    def observe_latency(self, kind: str, pool: str, value_s: float) -> None:
-        self.pool_windows(pool).latency[kind].observe(value_s, self._clock())
-
-    def count_tokens(self, pool: str, prompt_tokens: int, output_tokens: int) -> None:
-        now_s = self._clock()
-        self.pool_windows(pool).served.add(prompt_tokens, output_tokens, now_s)
-
-    def count_decision(self, pool: str, decision: str, now_s: float | None = None) -> None:
-        self.decision_window(pool, decision).add(1, self._clock() if now_s is None else now_s)
 
     def decision_window(self, pool: str, decision: str) -> CountWindow:
         """The window counting ``decision`` outcomes in ``pool`` (created on first use)."""
@@ -303,7 +70,7 @@ class SignalsWindow:
         return window
 
     def set_desired(self, pool: str, replicas: int, reason: str) -> None:
-        self._desired[pool] = Desired(replicas, reason, self._clock())
+        self._desired[pool] = Desired(replicas, reason)
 
     def desired(self) -> Mapping[str, Desired]:
         return dict(self._desired)
@@ -333,10 +100,10 @@ class SignalsWindow:
             "pending_prompt_tokens": pw.total("pending_prompt_tokens"),
             "resident_sequences": pw.total("resident_sequences"),
             "remaining_decode_tokens": pw.total("remaining_decode_tokens"),
-            "ttft_p95_s": windows.latency["ttft"].quantile(q, now_s),
-            "itl_p95_s": windows.latency["itl"].quantile(q, now_s),
-            "queue_wait_p95_s": windows.latency["queue_wait"].quantile(q, now_s),
-            "e2e_p95_s": windows.latency["e2e"].quantile(q, now_s),
+            "ttft_p95_s": windows.ttft.quantile(q, now_s),
+            "itl_p95_s": windows.itl.quantile(q, now_s),
+            "queue_wait_p95_s": windows.queue_wait.quantile(q, now_s),
+            "e2e_p95_s": windows.e2e.quantile(q, now_s),
             "prompt_tokens_per_s": prompt_tokens_per_s,
             "output_tokens_per_s": output_tokens_per_s,
             "requests_per_s": requests_per_s,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from gateway.dispatcher import Dispatcher
 from gateway.fleet import Fleet
-from gateway.signals_window import ModelWork, PoolWork, ReplicaWork
+from gateway.pool_work import ModelWork, PoolWork, ReplicaWork
 from gateway.state import GatewayState
 from vocabulary.replica import Role
 

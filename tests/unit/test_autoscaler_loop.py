@@ -69,8 +69,7 @@ def test_config_file_and_interval_override(tmp_path: Path) -> None:
 def test_gateway_recommender_publishes_desired_replicas() -> None:
     clock = FakeClock()
     metrics = populated(clock)
-    for _ in range(50):
-        metrics.observe_itl("decode", MODEL, 0.5)
+    metrics.record_response("decode", MODEL, None, 25.0, (0.5,) * 50)
     config = AutoscalerConfig(policy=PoolPolicy(scale_out_window_s=30, scale_out_occupancy_ratio=0.75))
     recommender = GatewayRecommender(metrics, config, clock=clock)
     recommender.recommend()

@@ -14,7 +14,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from gateway.coordination import error_kind
-from gateway.metrics import COORDINATION_ERROR_KINDS
+from gateway.event_series import COORDINATION_ERROR_KINDS
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from admission.coordination import CoordinationStatus
 from gateway.errors import (
     BadGateway,
     BadRequest,
@@ -19,23 +20,17 @@ from gateway.errors import (
     TooManyRequests,
     Unauthorized,
 )
-from gateway.metrics import (
-    COUNTERS,
-    HISTOGRAMS,
-    INFO_GAUGES,
-    RETRY_OUTCOMES,
-    UPSTREAM_ERROR_KINDS,
-    WORK_GAUGES,
-    GatewayMetrics,
-)
+from gateway.event_series import COUNTERS, HISTOGRAMS, ITL_BUCKETS_S, RETRY_OUTCOMES, UPSTREAM_ERROR_KINDS
+from gateway.metrics import GatewayMetrics
+from gateway.pool_work import ModelWork, PoolWork, ReplicaWork
 from gateway.replica_http import (
     ReplicaConnectError,
     ReplicaDisconnected,
     ReplicaProtocolError,
     ReplicaTimeout,
 )
-from gateway.signals_window import ModelWork, PoolWork, ReplicaWork
 from gateway.state import ReplicaState, replica_name
+from gateway.state_gauges import COORDINATION_SERIES, INFO_GAUGES, WORK_GAUGES
 from vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -82,17 +77,14 @@ def populated(clock: FakeClock | None = None) -> GatewayMetrics:
     metrics = GatewayMetrics(StaticWork(busy_pools()), clock=clock or FakeClock())
     for pool in ("prefill", "decode"):
         metrics.observe_ttft(pool, MODEL, 0.4)
-        metrics.observe_itl(pool, MODEL, 0.02)
         metrics.observe_queue_wait(pool, MODEL, 0.1)
-        metrics.observe_e2e(pool, MODEL, 3.0)
-        metrics.count_tokens(pool, MODEL, 120, 30)
+        metrics.record_response(pool, MODEL, None, 3.0, (0.02,), 120, 30, estimated_prompt_tokens=60)
         metrics.count_decision("admit", "fits", pool=pool, model=MODEL)
         metrics.set_desired_replicas(pool, 3, "hold")
         metrics.declare_pool(pool)
     metrics.count_decision("reject", "queue_full", pool="decode", model=MODEL)
     metrics.count_relayed(200)
     metrics.observe_health(replica(), ejected=True)
-    metrics.observe_tokenizer_ratio(MODEL, 98, 100)
     return metrics
 
 
@@ -156,7 +148,10 @@ def test_counters_and_histograms_count_events() -> None:
     assert value(series, "kvgate_time_to_first_token_seconds_count", pool="decode") == 1
     assert value(series, "kvgate_time_to_first_token_seconds_bucket", pool="decode", le="0.5") == 1
     assert value(series, "kvgate_time_to_first_token_seconds_bucket", pool="decode", le="0.25") == 0
-    assert value(series, "kvgate_tokenizer_estimate_ratio_sum", model=MODEL) == 0.98
+    assert value(series, "kvgate_request_duration_seconds_sum", pool="decode") == 3.0
+    assert value(series, "kvgate_inter_token_latency_seconds_count", pool="prefill") == 1
+    assert value(series, "kvgate_tokenizer_estimate_ratio_count", model=MODEL) == 2
+    assert value(series, "kvgate_tokenizer_estimate_ratio_sum", model=MODEL) == 1.0
 
 
 def test_desired_replicas_keeps_only_the_last_reason() -> None:
@@ -181,7 +176,7 @@ def test_labelled_children_are_cached() -> None:
     before = (len(metrics._decided), len(metrics._series))
     for _ in range(100):
         metrics.observe_ttft("decode", MODEL, 0.1)
-        metrics.count_tokens("decode", MODEL, 1, 1)
+        metrics.record_response("decode", MODEL, 0.1, 1.0, (0.01,), 1, 1, 1)
         metrics.count_decision("admit", "fits", pool="decode", model=MODEL)
         metrics.count_admitted("decode", MODEL, "fits", 0.1)
     assert (len(metrics._decided), len(metrics._series)) == before
@@ -193,14 +188,25 @@ def test_every_metric_is_documented() -> None:
     assert not missing
 
 
+def test_coordination_series_are_exported_once_bound_and_documented() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    assert not set(COORDINATION_SERIES) & set(samples(metrics))
+    metrics.bind_coordination(lambda: CoordinationStatus(up=True, last_sync_age_s=2.0, refusing=False))
+    series = samples(metrics)
+    assert set(COORDINATION_SERIES) <= set(series)
+    assert value(series, "kvgate_coordination_errors_total", kind="timeout") == 0
+    doc = (Path(__file__).parents[2] / "docs" / "gateway.md").read_text()
+    assert [name for name in COORDINATION_SERIES if f"`{name}" not in doc] == []
+
+
 def test_itl_gaps_are_binned_in_one_call_like_single_observations() -> None:
     clock = FakeClock()
-    bulk = GatewayMetrics(clock=clock)
-    single = GatewayMetrics(clock=clock)
+    bulk = GatewayMetrics(StaticWork(busy_pools()), clock=clock)
+    single = GatewayMetrics(StaticWork(busy_pools()), clock=clock)
     gaps = [0.004, 0.005, 0.02, 0.02, 0.3, 3.0]
-    bulk.observe_itl_gaps("decode", MODEL, gaps)
+    bulk.record_response("decode", MODEL, None, 4.0, gaps)
     for gap in gaps:
-        single.observe_itl("decode", MODEL, gap)
+        single.record_response("decode", MODEL, None, 4.0, (gap,))
     itl = "kvgate_inter_token_latency_seconds"
     got, want = samples(bulk), samples(single)
     for suffix in ("_bucket", "_count", "_sum"):
@@ -209,16 +215,13 @@ def test_itl_gaps_are_binned_in_one_call_like_single_observations() -> None:
     assert value(got, itl + "_bucket", le="0.02") == 4.0
     assert value(got, itl + "_bucket", le="+Inf") == 6.0
     assert value(got, itl + "_sum") == sum(gaps)
-    window = bulk.signals.pool_windows("decode").latency["itl"]
-    assert window.count(clock.now_s) == len(gaps)
-    p95 = window.quantile(0.95, clock.now_s)
+    p95 = bulk.signals_doc()["pools"]["decode"]["itl_p95_s"]
+    assert p95 == single.signals_doc()["pools"]["decode"]["itl_p95_s"]
     assert p95 is not None and p95 >= 3.0
 
 
 def test_histograms_are_written_as_prometheus_client_writes_them() -> None:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
-
-    from gateway.metrics import ITL_BUCKETS_S
 
     metrics = GatewayMetrics(clock=FakeClock())
     registry = CollectorRegistry()
@@ -231,7 +234,7 @@ def test_histograms_are_written_as_prometheus_client_writes_them() -> None:
     )
     for gap in (0.001, 0.01, 0.2, 9.0):
         reference.labels("decode", MODEL).observe(gap)
-    metrics.observe_itl_gaps("decode", MODEL, (0.001, 0.01, 0.2, 9.0))
+    metrics.record_response("decode", MODEL, None, 10.0, (0.001, 0.01, 0.2, 9.0))
 
     def itl_lines(text: bytes) -> list[str]:
         return [
@@ -272,7 +275,7 @@ def test_counters_are_written_as_prometheus_client_writes_them() -> None:
     metrics.count_decision("reject", "no_replica", pool="", model=MODEL)
     metrics.count_decision("queue", "kv_capacity", pool="decode", model=MODEL)
     metrics.count_admitted("decode", MODEL, "fits", 0.5)
-    metrics.count_tokens("decode", MODEL, 120, 30)
+    metrics.record_response("decode", MODEL, 0.2, 1.0, (), 120, 30)
 
     def counter_lines(text: bytes) -> list[str]:
         """Every line of the two counters, each ``_created`` sample without its (wall-clock) value."""
