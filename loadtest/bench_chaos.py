@@ -62,7 +62,6 @@ from loadtest.chaos_kit import (
     StreamClient,
     completion_body,
     footprint,
-    free_port_block,
     read_metrics,
     slow_reader_socket,
     tracebacks,
@@ -70,6 +69,7 @@ from loadtest.chaos_kit import (
     wait_drained,
     work_of,
 )
+from loadtest.ports import free_ports
 
 TIMEOUTS = {
     "header_timeout_s": 5.0,
@@ -474,7 +474,7 @@ async def replica_kill(run: Run) -> Scenario:
     async def body(
         run: Run, s: Scenario, procs: Processes, urls: list[str], url: str, proc: subprocess.Popen[bytes]
     ) -> None:
-        control = f"http://127.0.0.1:{int(urls[0].rsplit(':', 1)[1]) + 100}"
+        control = f"http://127.0.0.1:{int(urls[-1].rsplit(':', 1)[1]) + 1}"  # see Processes.sim
         clients = [StreamClient(url + "/v1/completions", completion_body(800)) for _ in range(k)]
         tasks = [asyncio.create_task(c.run(run.session)) for c in clients]
         deadline = time.monotonic() + 20
@@ -525,7 +525,7 @@ async def redis_restart(run: Run) -> Scenario:
         return min(values) if values else None
 
     try:
-        redis_port = free_port_block(1)
+        redis_port = free_ports()
         redis = procs.redis("redis_restart", redis_port)
         await asyncio.sleep(0.5)
         urls = await procs.sim(run.session, scenario.name, 2)

@@ -25,7 +25,6 @@ import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ import orjson
 import psutil
 
 from loadtest.client import wait_until_ok
+from loadtest.ports import free_ports
 
 MODEL = "bench-model"
 CHUNKS = 50
@@ -137,16 +137,6 @@ async def serve_backends(ports: list[int]) -> None:
     servers = [await loop.create_server(_BackendProtocol, "127.0.0.1", port) for port in ports]
     print("ready", flush=True)
     await asyncio.gather(*(s.serve_forever() for s in servers))
-
-
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in socks]
-    for sock in socks:
-        sock.close()
-    return ports
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,8 +254,9 @@ async def run(
     only: set[str] | None = None,
     profile_out: str | None = None,
 ) -> None:
-    backend_ports = free_ports(4)
-    (gateway_port,) = free_ports(1)
+    first_port = free_ports(5)
+    backend_ports = list(range(first_port, first_port + 4))
+    gateway_port = first_port + 4
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     profiler = [py_spy, "record", "-o", profile_out, "-f", "raw", "-r", "1000", "--"] if profile_out else []
@@ -432,7 +423,8 @@ async def time_clients(total: int, concurrency: int) -> tuple[float, float]:
     from gateway.replica_http import ReplicaClient
     from gateway.upstream import create_session
 
-    ports = free_ports(4)
+    first_port = free_ports(4)
+    ports = list(range(first_port, first_port + 4))
     backend = _spawn(["--backend", ",".join(map(str, ports))])
     body = orjson.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
