@@ -5,17 +5,25 @@ CPU is not counted), the gateway (uvicorn + uvloop, its CPU read from ``/proc`` 
 this driver (aiohttp clients at a fixed concurrency). Each scenario runs direct and through the
 gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, 50-chunk streams
 paced ~5 ms apart, non-streaming requests at a fixed 1000 per second (open loop: added latency at
-a load the machine carries) and one at a time (serial). Prints a table; not a test.
+a load the machine carries) and one at a time (serial). Prints a table.
 ``--decisions N`` instead times the decision path alone, in this process: ``decide``, first token,
 ``finished`` and ``release`` for N requests against four healthy replicas, no sockets (CPU
 microseconds per request). ``--client N`` times the upstream client alone, in this process on
 uvloop: N non-stream requests to the zero-delay backends through an aiohttp session set up as the
 gateway's other upstream calls are, then through the completion routes' ``ReplicaClient`` (CPU
-microseconds per request).
+microseconds per request). ``--access-log N`` times an answered request's access-log line, N
+lines per way of writing it, and ``--tracing N`` its spans, N requests sampled and N sampled out,
+in this process (``loadtest.bench_record``).
+
+``--report FILE`` runs the scenarios, then every part alone, and writes the figures as markdown
+(``loadtest.proxy_report``): docs/proxy-report.md is that file, and the one-off measurements at its
+end are kept when it is written again.
 
     python -m loadtest.bench_proxy [--concurrency 64] [--requests 4000] [--streams 600]
     python -m loadtest.bench_proxy --decisions 20000
     python -m loadtest.bench_proxy --client 20000
+    python -m loadtest.bench_proxy --access-log 20000 --tracing 5000
+    python -m loadtest.bench_proxy --report docs/proxy-report.md
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 import httptools
@@ -40,13 +49,17 @@ import psutil
 
 from loadtest.client import wait_until_ok
 from loadtest.ports import free_ports
+from loadtest.proxy_report import ProxyFigures, ScenarioFigures, write_proxy_report
+
+if TYPE_CHECKING:
+    from gateway.decide import KvgateDecider
+    from gateway.state import ProxyRequest
 
 MODEL = "bench-model"
 CHUNKS = 50
 PACE_HEADER = "x-bench-pace-ms"
-NON_STREAM_BODY = orjson.dumps(
-    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
-)
+NON_STREAM_REQUEST = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
+NON_STREAM_BODY = orjson.dumps(NON_STREAM_REQUEST)
 JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -218,11 +231,18 @@ def _spawn(args: list[str], wrapper: list[str] | None = None) -> subprocess.Pope
     raise RuntimeError(f"child exited before it was ready: {command}")
 
 
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    process.wait(timeout=30)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
 def _gateway_config(ports: list[int], port: int) -> str:
     replicas = ", ".join(f"http://127.0.0.1:{p}" for p in ports)
     return orjson.dumps(
         {
-            "server": {"host": "127.0.0.1", "port": port},
+            "server": {"host": "127.0.0.1", "port": port, "drain_delay_s": 0},
             "health": {"interval_s": 60},
             "models": [{"name": MODEL, "max_model_len": 8192, "kv_bytes_per_token": 131072}],
             "pools": [{"name": "bench", "replicas": replicas.split(", "), "kv_capacity_tokens": 100000}],
@@ -253,7 +273,9 @@ async def run(
     streams: int,
     only: set[str] | None = None,
     profile_out: str | None = None,
-) -> None:
+) -> tuple[list[ScenarioFigures], list[tuple[str, float]]]:
+    """Each scenario's figures (printed as a table), and where the gateway's samples went when
+    ``profile_out`` names py-spy's output."""
     first_port = free_ports(5)
     backend_ports = list(range(first_port, first_port + 4))
     gateway_port = first_port + 4
@@ -304,16 +326,30 @@ async def run(
                     await _serial_latency(session, backend_ports[0], gateway_url, gateway_cpu, requests // 8)
                 )
         _print_table(rows, concurrency)
+        profile: list[tuple[str, float]] = []
         if profile_out:
             gateway_cpu.terminate()
             gateway.wait(timeout=60)
             print(f"\nwhere the gateway's samples go (py-spy, inclusive; stacks in {profile_out}):")
-            for function, share in summarize_profile(profile_out):
+            profile = summarize_profile(profile_out)
+            for function, share in profile:
                 print(f"{share:6.1%}  {function}")
+        return [_figures(*row) for row in rows], profile
     finally:
         for process in reversed(processes):
-            process.terminate()
-            process.wait(timeout=30)
+            _stop(process)
+
+
+def _figures(label: str, total: int, cpu_ms: float, direct: Result, proxied: Result) -> ScenarioFigures:
+    return ScenarioFigures(
+        label,
+        total,
+        cpu_ms,
+        added_p50_ms=(proxied.p(0.5) - direct.p(0.5)) * 1000,
+        added_p99_ms=(proxied.p(0.99) - direct.p(0.99)) * 1000,
+        via_per_s=total / proxied.wall_s,
+        direct_per_s=total / direct.wall_s,
+    )
 
 
 async def _serial_latency(
@@ -472,16 +508,15 @@ async def time_clients(total: int, concurrency: int) -> tuple[float, float]:
         await client.close()
         return aiohttp_us, replica_client_us
     finally:
-        backend.terminate()
-        backend.wait(timeout=30)
+        _stop(backend)
 
 
-async def time_decisions(total: int, held: int = 32) -> float:
-    """CPU microseconds per request of the decision path alone (see the module docstring)."""
+def _ready_decider() -> KvgateDecider:
+    """The gateway's decider over four healthy replicas, without a gateway around it."""
     from config.loader import parse_config
-    from gateway.decide import KvgateDecider, Route
+    from gateway.decide import KvgateDecider
     from gateway.metrics import GatewayMetrics
-    from gateway.state import GatewayState, ProxyRequest
+    from gateway.state import GatewayState
     from routing.health import Outcome
 
     ports = range(9000, 9004)
@@ -490,8 +525,39 @@ async def time_decisions(total: int, held: int = 32) -> float:
     decider = KvgateDecider(state, config, GatewayMetrics())
     for replica in state.replicas.values():
         decider.observe_outcome(replica, Outcome.SUCCESS)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
-    raw = orjson.dumps(body)
+    return decider
+
+
+async def answered_request() -> ProxyRequest:
+    """One request as ``Proxy._done`` receives it: decided, sent, answered 200 with usage, released."""
+    from gateway.decide import Route
+    from gateway.state import ProxyRequest
+
+    decider = _ready_decider()
+    request = ProxyRequest(
+        "0", "0", "/v1/chat/completions", MODEL, False, NON_STREAM_REQUEST, NON_STREAM_BODY, [], []
+    )
+    async with aiohttp.ClientSession() as session:
+        decider.session = session
+        route = await decider.decide(request)
+    assert isinstance(route, Route), route
+    now_s = time.monotonic()
+    request.replica, request.started_s, request.status = route.replica, request.arrived_s, 200
+    decider.first_token(request, route.replica, now_s)
+    request.prompt_tokens, request.completion_tokens = 8, CHUNKS
+    decider.finished(request, route.replica, None, now_s)
+    decider.release(request, route)
+    return request
+
+
+async def time_decisions(total: int, held: int = 32) -> float:
+    """CPU microseconds per request of the decision path alone (see the module docstring)."""
+    from gateway.decide import Route
+    from gateway.state import ProxyRequest
+
+    decider = _ready_decider()
+    body = NON_STREAM_REQUEST
+    raw = NON_STREAM_BODY
     in_flight: list[tuple[ProxyRequest, Route]] = []
     async with aiohttp.ClientSession() as session:
         decider.session = session
@@ -532,10 +598,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--client", type=int, metavar="N", help="time only the upstream client for N requests, in process"
     )
+    parser.add_argument(
+        "--access-log",
+        type=int,
+        metavar="N",
+        help="time only an access-log line, N lines per way of writing it, in process",
+    )
+    parser.add_argument(
+        "--tracing",
+        type=int,
+        metavar="N",
+        help="time only a request's spans, N requests sampled and N sampled out, in process",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help=f"run the scenarios and then each part alone (N {PART_REQUESTS} unless given), and write "
+        "the figures as markdown to FILE, keeping its one-off section",
+    )
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--gateway", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    runner: Callable[[], Awaitable[None]]
     if args.backend:
         import uvloop
 
@@ -544,6 +627,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         serve_gateway(args.gateway)
         return 0
+    if args.report:
+        return report(args, sys.argv[1:] if argv is None else argv)
     if args.decisions:
         per_request_us = asyncio.run(time_decisions(args.decisions))
         print(f"decision path: {per_request_us:.1f} us CPU per request ({args.decisions} requests)")
@@ -556,10 +641,48 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  aiohttp ClientSession  {aiohttp_us:7.1f} us CPU per request")
         print(f"  ReplicaClient          {replica_client_us:7.1f} us CPU per request")
         return 0
-    only = set(args.only.split(",")) if args.only else None
-    runner = lambda: run(args.concurrency, args.requests, args.streams, only, args.py_spy)  # noqa: E731
-    asyncio.run(runner())
+    if args.access_log or args.tracing:
+        from loadtest.bench_record import time_access_log, time_tracing
+
+        request = asyncio.run(answered_request())
+        timed = time_access_log(request, args.access_log) if args.access_log else {}
+        timed |= time_tracing(request, args.tracing) if args.tracing else {}
+        for label, per_request_us in timed.items():
+            print(f"{per_request_us:7.1f} us CPU  {label}")
+        return 0
+    asyncio.run(run(args.concurrency, args.requests, args.streams, _only(args), args.py_spy))
     return 0
+
+
+PART_REQUESTS = 20000
+"""Requests (or lines) each part is timed over in a report unless its own option says."""
+
+
+def report(args: argparse.Namespace, argv: list[str]) -> int:
+    """Every measurement of this benchmark, in one run, written as markdown to ``args.report``."""
+    import uvloop
+
+    from loadtest.bench_record import time_access_log, time_tracing
+
+    scenarios, profile = asyncio.run(
+        run(args.concurrency, args.requests, args.streams, _only(args), args.py_spy)
+    )
+    command = " ".join(["python -m loadtest.bench_proxy", *argv])
+    figures = ProxyFigures(command, args.concurrency, scenarios, profile)
+    decisions = args.decisions or PART_REQUESTS
+    figures.decision_us = {f"{decisions}": asyncio.run(time_decisions(decisions))}
+    aiohttp_us, replica_client_us = uvloop.run(time_clients(args.client or PART_REQUESTS, args.concurrency))
+    figures.client_us = {"aiohttp `ClientSession`": aiohttp_us, "`ReplicaClient`": replica_client_us}
+    request = asyncio.run(answered_request())
+    figures.access_log_us = time_access_log(request, args.access_log or PART_REQUESTS)
+    figures.tracing_us = time_tracing(request, args.tracing or PART_REQUESTS // 4)
+    write_proxy_report(Path(args.report), figures)
+    print(f"report: {args.report}")
+    return 0
+
+
+def _only(args: argparse.Namespace) -> set[str] | None:
+    return set(args.only.split(",")) if args.only else None
 
 
 if __name__ == "__main__":
