@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from loadtest.bench_autoscale.fluid_fleet import BURST
 from loadtest.bench_autoscale.model_mode import Timeline
 from loadtest.bench_autoscale.real_loop import RealRun
@@ -31,10 +33,7 @@ def plot(runs: dict[str, Timeline], path: str) -> None:
         )
         axes[2].plot(minutes, tl.ttft_p95_s, color=colors[name], label=labels[name])
         axes[3].plot(minutes, tl.occupancy_ratio, color=colors[name], label=labels[name])
-    axes[2].axhline(1.5, color="grey", linestyle="--", linewidth=0.8)
-    axes[3].axhline(0.8, color="grey", linestyle="--", linewidth=0.8)
-    axes[3].axhline(0.35, color="grey", linestyle="--", linewidth=0.8)
-    axes[2].set_yscale("log")
+    _policy_lines(ttft_axis=axes[2], occupancy_axis=axes[3])
     titles = (
         "prompt tokens/s served (60 s)",
         "replicas",
@@ -51,6 +50,14 @@ def plot(runs: dict[str, Timeline], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _policy_lines(ttft_axis: Any, occupancy_axis: Any) -> None:
+    """The policy's thresholds: TTFT p95 1.5 s (on a log scale), KV occupancy 0.8 and 0.35."""
+    ttft_axis.axhline(1.5, color="grey", linestyle="--", linewidth=0.8)
+    ttft_axis.set_yscale("log")
+    for ratio in (0.8, 0.35):
+        occupancy_axis.axhline(ratio, color="grey", linestyle="--", linewidth=0.8)
 
 
 def _series(run: RealRun, key: str) -> list[float]:
@@ -107,10 +114,7 @@ def plot_real(runs: list[RealRun], path: str) -> None:
         axes[2].plot(ts, _series(run, "kv_occupancy_estimate_ratio"), color=color, linestyle=":", alpha=0.6)
         ttft_bins, p95s = client_ttft_p95(run)
         axes[3].plot(ttft_bins, p95s, color=color, label=labels[run.name])
-    axes[2].axhline(0.8, color="grey", linestyle="--", linewidth=0.8)
-    axes[2].axhline(0.35, color="grey", linestyle="--", linewidth=0.8)
-    axes[3].axhline(1.5, color="grey", linestyle="--", linewidth=0.8)
-    axes[3].set_yscale("log")
+    _policy_lines(ttft_axis=axes[3], occupancy_axis=axes[2])
     titles = (
         "offered load (requests/s)",
         "replicas (solid asked, dotted ready)",
