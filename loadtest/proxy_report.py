@@ -131,7 +131,8 @@ def render(figures: ProxyFigures) -> list[str]:
     lines += _micro_section(
         "A request's spans",
         "`--tracing N`: one answered request's spans built and ended N times, in process, exporting "
-        "nothing; the best of three rounds.",
+        "nothing; the best of three rounds. At R requests per second and a `sample_ratio` of S, tracing "
+        "costs R x (S x sampled + (1 - S) x sampled out) of CPU per second.",
         ("request", "CPU per request"),
         figures.tracing_us,
     )
