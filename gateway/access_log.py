@@ -78,8 +78,8 @@ def outcome(request: ProxyRequest) -> tuple[int, str | None]:
 
 class AccessLog:
     """structlog's processors and its ``BytesLogger`` sink, called directly: a bound logger (context
-    binding, level filtering, neither of use to a line that is always the same event) doubled the
-    cost of a line, measured at 13 µs against 7 µs (docs/gateway.md, "Access logs")."""
+    binding, level filtering, neither of use to a line that is always the same event) about doubled
+    the cost of a line (docs/proxy-report.md; ``python -m loadtest.bench_proxy --access-log N``)."""
 
     def __init__(self, config: AccessLogConfig, pool_of: Callable[[str], str]) -> None:
         self._render: Callable[[Any, str, EventDict], str | bytes]

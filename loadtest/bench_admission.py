@@ -21,7 +21,6 @@ import asyncio
 import os
 import random
 import re
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ import aiohttp
 import yaml
 
 from loadtest.client import wait_until_ok
+from loadtest.ports import free_ports
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KV_CAPACITY_TOKENS = 20000
@@ -40,15 +40,6 @@ MAX_NUM_SEQS = 64
 MAX_TOKENS = 200
 PROMPT_WORDS = 300
 KVGATE = os.path.join(os.path.dirname(sys.executable), "kvgate")
-
-
-def _free_port_block(count: int) -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + count + 100 < 65000:
-            return base
 
 
 @dataclass(slots=True)
@@ -149,7 +140,7 @@ async def _phase(
     retries: int,
     max_queue_wait_s: float,
 ) -> Phase:
-    port = _free_port_block(1)
+    port = free_ports()
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(_config(replica_urls, port, admission, max_queue_wait_s), f)
     gateway = subprocess.Popen(
@@ -229,7 +220,7 @@ async def main() -> None:
         t += rng.expovariate(rate_per_s)
         arrivals_s.append(t)
     prompts = [" ".join(f"w{rng.randrange(10**6)}" for _ in range(PROMPT_WORDS // 3)) for _ in arrivals_s]
-    sim_port = _free_port_block(args.replicas)
+    sim_port = free_ports(args.replicas + 1)
     sim = subprocess.Popen(
         [
             KVGATE,
@@ -244,6 +235,8 @@ async def main() -> None:
             str(MAX_NUM_SEQS),
             "--cold-start-s",
             "0",
+            "--control-port",
+            str(sim_port + args.replicas),
         ],
     )
     replica_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(args.replicas)]

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from typing import Any
 
 import aiohttp
 
+from loadtest.bench_report import machine, run_date, table, write_report
 from loadtest.chaos_kit import (
     COMPLETE,
     ERROR_ANSWER,
@@ -62,7 +62,6 @@ from loadtest.chaos_kit import (
     StreamClient,
     completion_body,
     footprint,
-    free_port_block,
     read_metrics,
     slow_reader_socket,
     tracebacks,
@@ -70,6 +69,7 @@ from loadtest.chaos_kit import (
     wait_drained,
     work_of,
 )
+from loadtest.ports import free_ports
 
 TIMEOUTS = {
     "header_timeout_s": 5.0,
@@ -474,7 +474,7 @@ async def replica_kill(run: Run) -> Scenario:
     async def body(
         run: Run, s: Scenario, procs: Processes, urls: list[str], url: str, proc: subprocess.Popen[bytes]
     ) -> None:
-        control = f"http://127.0.0.1:{int(urls[0].rsplit(':', 1)[1]) + 100}"
+        control = f"http://127.0.0.1:{int(urls[-1].rsplit(':', 1)[1]) + 1}"  # see Processes.sim
         clients = [StreamClient(url + "/v1/completions", completion_body(800)) for _ in range(k)]
         tasks = [asyncio.create_task(c.run(run.session)) for c in clients]
         deadline = time.monotonic() + 20
@@ -525,7 +525,7 @@ async def redis_restart(run: Run) -> Scenario:
         return min(values) if values else None
 
     try:
-        redis_port = free_port_block(1)
+        redis_port = free_ports()
         redis = procs.redis("redis_restart", redis_port)
         await asyncio.sleep(0.5)
         urls = await procs.sim(run.session, scenario.name, 2)
@@ -621,13 +621,13 @@ SCENARIOS: dict[str, Callable[[Run], Awaitable[Scenario]]] = {
 # -- report ----------------------------------------------------------------------------------------
 
 
-def write_report(run: Run, scenarios: list[Scenario], wall_s: float) -> None:
+def write_results(run: Run, scenarios: list[Scenario], wall_s: float) -> None:
     failed = sum(not c.ok for s in scenarios for c in s.checks)
     total = sum(len(s.checks) for s in scenarios)
     header = {
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "date": run_date(),
         "mode": "quick" if run.args.quick else "full",
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "wall_s": round(wall_s, 1),
         "checks_failed": failed,
         "checks_total": total,
@@ -646,20 +646,20 @@ def write_report(run: Run, scenarios: list[Scenario], wall_s: float) -> None:
         "",
     ]
     for s in scenarios:
-        lines += [f"## {s.name}: {s.title}", "", "| check | result | detail |", "|---|---|---|"]
-        lines += [
-            f"| {c.name} | {'PASS' if c.ok else '**FAIL**'} | {c.detail.replace('|', '/')} |"
-            for c in s.checks
-        ]
-        lines += ["", "| figure | value |", "|---|---|"]
-        lines += [f"| {k} | {json.dumps(v, default=str)} |" for k, v in s.figures.items()]
+        lines += [f"## {s.name}: {s.title}", ""]
+        lines += table(
+            ("check", "result", "detail"),
+            [(c.name, "PASS" if c.ok else "**FAIL**", c.detail) for c in s.checks],
+        )
+        lines.append("")
+        lines += table(("figure", "value"), [(k, json.dumps(v, default=str)) for k, v in s.figures.items()])
         if s.events:
             lines += ["", "Events: " + "; ".join(f"+{t:g} s {what}" for t, what in s.events)]
         lines.append("")
     if any(s.timeline for s in scenarios):
         plot(run.out / "chaos_gauges.png", scenarios)
         lines += ["![work gauges over time](chaos_gauges.png)", ""]
-    (run.out / "results.md").write_text("\n".join(lines))
+    write_report(run.out / "results.md", lines)
 
 
 def plot(path: Path, scenarios: list[Scenario]) -> None:
@@ -752,7 +752,7 @@ async def main(argv: list[str] | None = None) -> int:
                 broken = Scenario(name, "the scenario itself failed")
                 broken.check("scenario ran", False, f"{type(exc).__name__}: {exc}")
                 scenarios.append(broken)
-    write_report(run, scenarios, time.monotonic() - started)
+    write_results(run, scenarios, time.monotonic() - started)
     failed = [(s.name, c.name) for s in scenarios for c in s.checks if not c.ok]
     print(f"\n{len(failed)} check(s) failed of {sum(len(s.checks) for s in scenarios)}:")
     for scenario_name, check in failed:

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.client import wait_until_ok
 from loadtest.compare import ratios, run_compare, summaries_for
+from loadtest.ports import free_ports
 from loadtest.report import Slo, Summary, class_table
 from loadtest.runner import RunOptions, RunResult, Target
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
@@ -95,13 +95,6 @@ class PolicyRun:
     result: RunResult
     hit_ratio: float
     lag_ratio: float
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 async def serve_fleet(replicas: int, time_scale: float, kv_capacity_tokens: int, seed: int) -> None:
@@ -169,7 +162,7 @@ def start_fleet(started: list[subprocess.Popen[bytes]], args: argparse.Namespace
 def start_gateway(
     started: list[subprocess.Popen[bytes]], urls: Sequence[str], policy: str, args: argparse.Namespace
 ) -> str:
-    port = free_port()
+    port = free_ports()
     config = gateway_config(urls, port, policy, args.kv_capacity_tokens)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
         yaml.safe_dump(config, file)

@@ -5,17 +5,25 @@ CPU is not counted), the gateway (uvicorn + uvloop, its CPU read from ``/proc`` 
 this driver (aiohttp clients at a fixed concurrency). Each scenario runs direct and through the
 gateway in the same run: non-streaming requests, 50-chunk streams back-to-back, 50-chunk streams
 paced ~5 ms apart, non-streaming requests at a fixed 1000 per second (open loop: added latency at
-a load the machine carries) and one at a time (serial). Prints a table; not a test.
+a load the machine carries) and one at a time (serial). Prints a table.
 ``--decisions N`` instead times the decision path alone, in this process: price, admit, first token,
 ``finished`` and ``release`` for N requests against four healthy replicas, no sockets (CPU
 microseconds per request). ``--client N`` times the upstream client alone, in this process on
 uvloop: N non-stream requests to the zero-delay backends through an aiohttp session set up as the
 gateway's other upstream calls are, then through the completion routes' ``ReplicaClient`` (CPU
-microseconds per request).
+microseconds per request). ``--access-log N`` times an answered request's access-log line, N
+lines per way of writing it, and ``--tracing N`` its spans, N requests sampled and N sampled out,
+in this process (``loadtest.bench_record``).
+
+``--report FILE`` runs the scenarios, then every part alone, and writes the figures as markdown
+(``loadtest.proxy_report``): docs/proxy-report.md is that file, and the one-off measurements at its
+end are kept when it is written again.
 
     python -m loadtest.bench_proxy [--concurrency 64] [--requests 4000] [--streams 600]
     python -m loadtest.bench_proxy --decisions 20000
     python -m loadtest.bench_proxy --client 20000
+    python -m loadtest.bench_proxy --access-log 20000 --tracing 5000
+    python -m loadtest.bench_proxy --report docs/proxy-report.md
 """
 
 from __future__ import annotations
@@ -25,14 +33,14 @@ import asyncio
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 import httptools
@@ -40,13 +48,19 @@ import orjson
 import psutil
 
 from loadtest.client import wait_until_ok
+from loadtest.ports import free_ports
+from loadtest.proxy_report import ProxyFigures, ScenarioFigures, write_proxy_report
+
+if TYPE_CHECKING:
+    from gateway.decision_path import DecisionPath
+    from gateway.dispatcher import Route
+    from gateway.state import ProxyRequest
 
 MODEL = "bench-model"
 CHUNKS = 50
 PACE_HEADER = "x-bench-pace-ms"
-NON_STREAM_BODY = orjson.dumps(
-    {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
-)
+NON_STREAM_REQUEST = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
+NON_STREAM_BODY = orjson.dumps(NON_STREAM_REQUEST)
 JSON_HEADERS = {"content-type": "application/json"}
 
 
@@ -139,16 +153,6 @@ async def serve_backends(ports: list[int]) -> None:
     await asyncio.gather(*(s.serve_forever() for s in servers))
 
 
-def free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    for sock in socks:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in socks]
-    for sock in socks:
-        sock.close()
-    return ports
-
-
 @dataclass(frozen=True, slots=True)
 class Result:
     latencies_s: list[float]
@@ -228,11 +232,18 @@ def _spawn(args: list[str], wrapper: list[str] | None = None) -> subprocess.Pope
     raise RuntimeError(f"child exited before it was ready: {command}")
 
 
+def _stop(process: subprocess.Popen[str]) -> None:
+    process.terminate()
+    process.wait(timeout=30)
+    if process.stdout is not None:
+        process.stdout.close()
+
+
 def _gateway_config(ports: list[int], port: int) -> str:
     replicas = ", ".join(f"http://127.0.0.1:{p}" for p in ports)
     return orjson.dumps(
         {
-            "server": {"host": "127.0.0.1", "port": port},
+            "server": {"host": "127.0.0.1", "port": port, "drain_delay_s": 0},
             "health": {"interval_s": 60},
             "models": [{"name": MODEL, "max_model_len": 8192, "kv_bytes_per_token": 131072}],
             "pools": [{"name": "bench", "replicas": replicas.split(", "), "kv_capacity_tokens": 100000}],
@@ -263,9 +274,12 @@ async def run(
     streams: int,
     only: set[str] | None = None,
     profile_out: str | None = None,
-) -> None:
-    backend_ports = free_ports(4)
-    (gateway_port,) = free_ports(1)
+) -> tuple[list[ScenarioFigures], list[tuple[str, float]]]:
+    """Each scenario's figures (printed as a table), and where the gateway's samples went when
+    ``profile_out`` names py-spy's output."""
+    first_port = free_ports(5)
+    backend_ports = list(range(first_port, first_port + 4))
+    gateway_port = first_port + 4
     gateway_url = f"http://127.0.0.1:{gateway_port}"
     py_spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
     profiler = [py_spy, "record", "-o", profile_out, "-f", "raw", "-r", "1000", "--"] if profile_out else []
@@ -313,16 +327,30 @@ async def run(
                     await _serial_latency(session, backend_ports[0], gateway_url, gateway_cpu, requests // 8)
                 )
         _print_table(rows, concurrency)
+        profile: list[tuple[str, float]] = []
         if profile_out:
             gateway_cpu.terminate()
             gateway.wait(timeout=60)
             print(f"\nwhere the gateway's samples go (py-spy, inclusive; stacks in {profile_out}):")
-            for function, share in summarize_profile(profile_out):
+            profile = summarize_profile(profile_out)
+            for function, share in profile:
                 print(f"{share:6.1%}  {function}")
+        return [_figures(*row) for row in rows], profile
     finally:
         for process in reversed(processes):
-            process.terminate()
-            process.wait(timeout=30)
+            _stop(process)
+
+
+def _figures(label: str, total: int, cpu_ms: float, direct: Result, proxied: Result) -> ScenarioFigures:
+    return ScenarioFigures(
+        label,
+        total,
+        cpu_ms,
+        added_p50_ms=(proxied.p(0.5) - direct.p(0.5)) * 1000,
+        added_p99_ms=(proxied.p(0.99) - direct.p(0.99)) * 1000,
+        via_per_s=total / proxied.wall_s,
+        direct_per_s=total / direct.wall_s,
+    )
 
 
 async def _serial_latency(
@@ -432,7 +460,8 @@ async def time_clients(total: int, concurrency: int) -> tuple[float, float]:
     from gateway.replica_http import ReplicaClient
     from gateway.upstream import create_session
 
-    ports = free_ports(4)
+    first_port = free_ports(4)
+    ports = list(range(first_port, first_port + 4))
     backend = _spawn(["--backend", ",".join(map(str, ports))])
     body = orjson.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
@@ -480,17 +509,15 @@ async def time_clients(total: int, concurrency: int) -> tuple[float, float]:
         await client.close()
         return aiohttp_us, replica_client_us
     finally:
-        backend.terminate()
-        backend.wait(timeout=30)
+        _stop(backend)
 
 
-async def time_decisions(total: int, held: int = 32) -> float:
-    """CPU microseconds per request of the decision path alone (see the module docstring)."""
+def _ready_path() -> DecisionPath:
+    """The gateway's decision path over four healthy replicas, without a gateway around it."""
     from config.loader import parse_config
     from gateway.decision_path import DecisionPath
-    from gateway.dispatcher import Route
     from gateway.metrics import GatewayMetrics
-    from gateway.state import GatewayState, ProxyRequest
+    from gateway.state import GatewayState
     from routing.health import Outcome
 
     ports = range(9000, 9004)
@@ -499,27 +526,71 @@ async def time_decisions(total: int, held: int = 32) -> float:
     path = DecisionPath.build(state, config, GatewayMetrics())
     for replica in state.replicas.values():
         path.fleet.observe_outcome(replica, Outcome.SUCCESS)
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
-    raw = orjson.dumps(body)
+    return path
+
+
+async def _admitted(path: DecisionPath, request: ProxyRequest) -> Route:
+    """``request`` priced, admitted and routed, as ``Proxy._serve`` does before relaying it."""
+    from gateway.dispatcher import Route
+
+    request.arrived_s = path.clock()
+    refusal = await path.pricer.price(request)
+    route = refusal if refusal is not None else await path.dispatcher.admit(request)
+    assert isinstance(route, Route), route
+    return route
+
+
+def _answered(path: DecisionPath, request: ProxyRequest, route: Route) -> None:
+    """The rest of a 200 answer's life: first token, usage, finished, closed, released."""
+    now_s = path.clock()
+    path.accounting.first_token(request, route.replica, now_s)
+    request.prompt_tokens, request.completion_tokens = 8, CHUNKS
+    path.accounting.finished(request, route.replica, None, now_s)
+    path.accounting.closed(request, route.replica)
+    path.dispatcher.release(request)
+
+
+async def answered_request() -> ProxyRequest:
+    """One request as ``Proxy._done`` receives it: priced, admitted, sent, answered 200 with usage,
+    released."""
+    from gateway.state import ProxyRequest
+
+    path = _ready_path()
+    request = ProxyRequest(
+        "0", "0", "/v1/chat/completions", MODEL, False, NON_STREAM_REQUEST, NON_STREAM_BODY, [], []
+    )
+    async with aiohttp.ClientSession() as session:
+        path.pricer.session = session
+        route = await _admitted(path, request)
+    request.replica, request.started_s, request.status = route.replica, request.arrived_s, 200
+    _answered(path, request, route)
+    return request
+
+
+async def time_decisions(total: int, held: int = 32) -> float:
+    """CPU microseconds per request of the decision path alone (see the module docstring)."""
+    from gateway.state import ProxyRequest
+
+    path = _ready_path()
     in_flight: list[tuple[ProxyRequest, Route]] = []
     async with aiohttp.ClientSession() as session:
         path.pricer.session = session
         start_s = time.process_time()
         for i in range(total):
-            request = ProxyRequest(str(i), str(i), "/v1/chat/completions", MODEL, False, body, raw, [], [])
-            request.arrived_s = path.clock()
-            refusal = await path.pricer.price(request)
-            route = await path.dispatcher.admit(request) if refusal is None else refusal
-            assert isinstance(route, Route), route
-            in_flight.append((request, route))
+            request = ProxyRequest(
+                str(i),
+                str(i),
+                "/v1/chat/completions",
+                MODEL,
+                False,
+                NON_STREAM_REQUEST,
+                NON_STREAM_BODY,
+                [],
+                [],
+            )
+            in_flight.append((request, await _admitted(path, request)))
             if len(in_flight) > held:
-                done, done_route = in_flight.pop(0)
-                now_s = path.clock()
-                path.accounting.first_token(done, done_route.replica, now_s)
-                done.prompt_tokens, done.completion_tokens = 8, CHUNKS
-                path.accounting.finished(done, done_route.replica, None, now_s)
-                path.accounting.closed(done, done_route.replica)
-                path.dispatcher.release(done)
+                _answered(path, *in_flight.pop(0))
         return (time.process_time() - start_s) / total * 1e6
 
 
@@ -544,10 +615,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--client", type=int, metavar="N", help="time only the upstream client for N requests, in process"
     )
+    parser.add_argument(
+        "--access-log",
+        type=int,
+        metavar="N",
+        help="time only an access-log line, N lines per way of writing it, in process",
+    )
+    parser.add_argument(
+        "--tracing",
+        type=int,
+        metavar="N",
+        help="time only a request's spans, N requests sampled and N sampled out, in process",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="FILE",
+        help=f"run the scenarios and then each part alone (N {PART_REQUESTS} unless given), and write "
+        "the figures as markdown to FILE, keeping its one-off section",
+    )
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--gateway", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    runner: Callable[[], Awaitable[None]]
     if args.backend:
         import uvloop
 
@@ -556,6 +644,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         serve_gateway(args.gateway)
         return 0
+    if args.report:
+        return report(args, sys.argv[1:] if argv is None else argv)
     if args.decisions:
         per_request_us = asyncio.run(time_decisions(args.decisions))
         print(f"decision path: {per_request_us:.1f} us CPU per request ({args.decisions} requests)")
@@ -568,10 +658,48 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  aiohttp ClientSession  {aiohttp_us:7.1f} us CPU per request")
         print(f"  ReplicaClient          {replica_client_us:7.1f} us CPU per request")
         return 0
-    only = set(args.only.split(",")) if args.only else None
-    runner = lambda: run(args.concurrency, args.requests, args.streams, only, args.py_spy)  # noqa: E731
-    asyncio.run(runner())
+    if args.access_log or args.tracing:
+        from loadtest.bench_record import time_access_log, time_tracing
+
+        request = asyncio.run(answered_request())
+        timed = time_access_log(request, args.access_log) if args.access_log else {}
+        timed |= time_tracing(request, args.tracing) if args.tracing else {}
+        for label, per_request_us in timed.items():
+            print(f"{per_request_us:7.1f} us CPU  {label}")
+        return 0
+    asyncio.run(run(args.concurrency, args.requests, args.streams, _only(args), args.py_spy))
     return 0
+
+
+PART_REQUESTS = 20000
+"""Requests (or lines) each part is timed over in a report unless its own option says."""
+
+
+def report(args: argparse.Namespace, argv: list[str]) -> int:
+    """Every measurement of this benchmark, in one run, written as markdown to ``args.report``."""
+    import uvloop
+
+    from loadtest.bench_record import time_access_log, time_tracing
+
+    scenarios, profile = asyncio.run(
+        run(args.concurrency, args.requests, args.streams, _only(args), args.py_spy)
+    )
+    command = " ".join(["python -m loadtest.bench_proxy", *argv])
+    figures = ProxyFigures(command, args.concurrency, scenarios, profile)
+    decisions = args.decisions or PART_REQUESTS
+    figures.decision_us = {f"{decisions}": asyncio.run(time_decisions(decisions))}
+    aiohttp_us, replica_client_us = uvloop.run(time_clients(args.client or PART_REQUESTS, args.concurrency))
+    figures.client_us = {"aiohttp `ClientSession`": aiohttp_us, "`ReplicaClient`": replica_client_us}
+    request = asyncio.run(answered_request())
+    figures.access_log_us = time_access_log(request, args.access_log or PART_REQUESTS)
+    figures.tracing_us = time_tracing(request, args.tracing or PART_REQUESTS // 4)
+    write_proxy_report(Path(args.report), figures)
+    print(f"report: {args.report}")
+    return 0
+
+
+def _only(args: argparse.Namespace) -> set[str] | None:
+    return set(args.only.split(",")) if args.only else None
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest.client import wait_until_ok
+from loadtest.ports import free_ports
 from loadtest.sim.engine import Engine
-from loadtest.sim.fleet import free_port
 from loadtest.sim.profile import DEFAULT_PROFILE, resolve_profile
 
 _LAG_LIMIT_RATIO = 0.05
@@ -127,11 +127,11 @@ async def _metrics(session: aiohttp.ClientSession, urls: list[str]) -> dict[str,
 
 
 async def serving_cost(replicas: int, streams: int, duration_s: float, time_scale: float) -> None:
-    port = free_port()
+    port = free_ports(replicas)
     profiler = os.environ.get("KVGATE_BENCH_PROFILE")
     prefix = ["-m", "cProfile", "-o", profiler] if profiler else []
     args = [sys.executable, *prefix, "-m", "loadtest.sim", "--replicas", str(replicas), "--port", str(port)]
-    args += ["--control-port", str(free_port()), "--cold-start-s", "0", "--time-scale", str(time_scale)]
+    args += ["--control-port", str(free_ports()), "--cold-start-s", "0", "--time-scale", str(time_scale)]
     child = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
     try:

@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from config.loader import ConfigError, parse_config
 from loadtest.client import wait_until_ok
+from loadtest.ports import free_ports
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 KVGATE = os.path.join(os.path.dirname(sys.executable), "kvgate")
@@ -54,26 +55,6 @@ ERROR_ANSWER = "openai_error"
 STREAM_ERROR = "stream_error_event"
 LEFT = "left_by_client"
 LOST = "lost"
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
-def free_port_block(count: int) -> int:
-    """A port P with P..P+count-1 and P+100 (the simulator's control API) free just now."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            base = int(sock.getsockname()[1])
-        ports = [*range(base, base + count), base + 100]
-        if base + count + 100 < 65000 and all(_bindable(p) for p in ports):
-            return base
 
 
 async def wait_ready(session: aiohttp.ClientSession, url: str, proc: subprocess.Popen[bytes]) -> None:
@@ -326,8 +307,10 @@ class Processes:
         return proc
 
     async def sim(self, session: aiohttp.ClientSession, name: str, replicas: int, *extra: str) -> list[str]:
-        port = free_port_block(replicas)
+        """The replicas' URLs; the simulator's control API listens on the port after the last one."""
+        port = free_ports(replicas + 1)
         argv = [KVGATE, "sim", "--replicas", str(replicas), "--port", str(port), "--cold-start-s", "0"]
+        argv += ["--control-port", str(port + replicas)]
         proc = self._spawn([*argv, *extra], f"{name}-sim.log")
         urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
         for url in urls:
@@ -337,7 +320,7 @@ class Processes:
     async def gateway(
         self, session: aiohttp.ClientSession, name: str, data: dict[str, Any], nofile: int | None = None
     ) -> tuple[str, subprocess.Popen[bytes]]:
-        port = free_port_block(1)
+        port = free_ports()
         data = {**data, "server": {**data.get("server", {}), "host": "127.0.0.1", "port": port}}
         data, dropped = validate_config(data)
         self.unknown_keys += [k for k in dropped if k not in self.unknown_keys]

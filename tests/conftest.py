@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from loadtest.ports import free_ports
+
 
 def _answers(host: str, port: int) -> bool:
     try:
@@ -20,13 +22,6 @@ def _answers(host: str, port: int) -> bool:
             return sock.recv(16).startswith(b"+PONG")
     except OSError:
         return False
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +39,7 @@ def redis_url() -> Iterator[str]:
         if os.environ.get("KVGATE_REQUIRE_REDIS") == "1":
             pytest.fail("no Redis reachable and no redis-server to start (KVGATE_REQUIRE_REDIS=1)")
         pytest.skip("no Redis reachable and no redis-server to start")
-    port = _free_port()
+    port = free_ports()
     with tempfile.TemporaryDirectory() as workdir:
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],

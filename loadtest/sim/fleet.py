@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import socket
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import orjson
 
 from admission.tokenizer import ChatTemplate, Tokenizer
+from loadtest.ports import free_ports
 from loadtest.sim.http import Connection, Request
 from loadtest.sim.profile import DEFAULT_PROFILE, resolve_profile
 from loadtest.sim.protocol import parse_body
@@ -38,13 +38,6 @@ async def _load(replica: SimReplica, cold_start_s: float) -> None:
     # A bind failure is kept on the replica (state "failed"); wait_ready() re-raises it.
     with contextlib.suppress(OSError):
         await replica.start(cold_start_s)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class SimFleet:
@@ -178,7 +171,7 @@ class SimFleet:
 
     def _next_port(self) -> int:
         if not self._base_port:
-            return free_port(self.host)
+            return free_ports(host=self.host)
         taken = {r.port for r in self.replicas}
         port = self._base_port
         while port in taken or port == self._control_port:

@@ -5,9 +5,7 @@ handling, the command line) rather than a gateway in the test's own event loop."
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,28 +27,6 @@ WORK_GAUGES = (
     "kvgate_remaining_decode_tokens",
     "kvgate_resident_sequences",
 )
-
-
-def free_ports(count: int = 1) -> int:
-    """The first of ``count`` consecutive free ports for a process told to bind them (``kvgate sim
-    --port P`` takes P, P+1, ...). They are picked below the kernel's ephemeral range, where no
-    other test's port-0 socket can land on them between this check and the bind, which matters
-    with the suite running on several workers."""
-    rng = random.Random()
-    for _ in range(200):
-        first = rng.randrange(20000, 32000 - count)
-        if all(_bindable(first + i) for i in range(count)):
-            return first
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
 
 
 @asynccontextmanager

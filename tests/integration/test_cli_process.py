@@ -19,9 +19,10 @@ from gateway.autoscale_actuators import LogActuator
 from gateway.autoscale_loop import GatewaySources, read_signals, run_loop
 from gateway.server import running_gateway
 from loadtest.client import wait_until_ok
+from loadtest.ports import free_ports
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from tests.integration.processes import KVGATE, free_ports, serving_process, stop
+from tests.integration.processes import KVGATE, serving_process, stop
 
 
 async def test_serve_listens_on_the_host_and_port_the_flags_give(tmp_path: Path) -> None:

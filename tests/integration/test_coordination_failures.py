@@ -26,9 +26,9 @@ import redis.asyncio as aioredis
 
 from gateway.coordination import gateway_key, registry_key
 from gateway.server import RunningGateway, running_gateway
+from loadtest.ports import free_ports
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from tests.integration.processes import free_ports
 from vocabulary.replica import ReplicaLoad
 
 FAST_SYNC = {"interval_s": 0.05, "lease_s": 1.0}

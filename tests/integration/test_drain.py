@@ -20,10 +20,11 @@ import orjson
 
 from config.schema import GatewayConfig
 from gateway.server import RunningGateway, running_gateway
+from loadtest.ports import free_ports
 from loadtest.sim.fleet import SimFleet
 from tests.integration import processes
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from tests.integration.processes import free_ports, gauges
+from tests.integration.processes import gauges
 
 TIME_SCALE = 4.0
 """Simulated decode steps of about 10 ms take 40 ms: a stream of 100 tokens lasts about 4 s."""

@@ -10,7 +10,8 @@ import httpx
 from aiohttp import web
 
 from gateway.server import running_gateway
-from loadtest.sim.fleet import SimFleet, free_port
+from loadtest.ports import free_ports
+from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 
@@ -79,7 +80,7 @@ async def test_replica_4xx_passes_through_as_written(fleet: SimFleet) -> None:
 
 
 async def test_no_reachable_replica_is_503_with_retry_after() -> None:
-    config = gateway_config([f"http://127.0.0.1:{free_port()}"])
+    config = gateway_config([f"http://127.0.0.1:{free_ports()}"])
     async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
         response = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
         openai_error(response, 503)

@@ -13,7 +13,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet, free_port
+from loadtest.ports import free_ports
+from loadtest.sim.fleet import SimFleet
 from routing.health import HealthState
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 from tests.integration.test_admission_gateway import completion, config_for, small_fleet
@@ -62,7 +63,7 @@ async def test_every_answer_of_the_completion_routes_is_counted_by_code_and_reas
 
 
 async def test_no_routable_replica_is_counted_as_503_no_replica() -> None:
-    config = gateway_config([f"http://127.0.0.1:{free_port()}"])
+    config = gateway_config([f"http://127.0.0.1:{free_ports()}"])
     async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
         answer = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2})
         assert answer.status_code == 503

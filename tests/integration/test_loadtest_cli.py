@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from loadtest.cli import register
-from tests.integration.processes import free_ports
+from loadtest.ports import free_ports
 
 
 @pytest.fixture

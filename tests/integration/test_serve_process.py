@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from loadtest.ports import free_ports
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL
-from tests.integration.processes import assert_process_idle, free_ports, sdk_traffic, serving_process, stop
+from tests.integration.processes import assert_process_idle, sdk_traffic, serving_process, stop
 
 
 async def test_kvgate_serve_on_uvloop_proxies_the_sdk_and_returns_to_idle(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import sys
 
 import aiohttp
 
-from tests.integration.processes import free_ports
+from loadtest.ports import free_ports
 
 
 async def test_standalone_simulator_serves_and_stops_on_sigterm() -> None:

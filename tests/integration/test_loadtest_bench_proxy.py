@@ -1,0 +1,22 @@
+"""``python -m loadtest.bench_proxy --report``, cut to a few requests: backends and gateway as their
+own processes, every part timed, the report written over an old one whose one-off section it keeps."""
+
+from pathlib import Path
+
+from loadtest.bench_proxy import main
+from loadtest.bench_report import ONE_OFF_HEADING
+
+
+def test_report_measures_every_part_and_keeps_the_one_off_section(tmp_path: Path) -> None:
+    report = tmp_path / "proxy-report.md"
+    report.write_text(f"# Proxy benchmark\n\nstale figures\n\n{ONE_OFF_HEADING}\n\nkept: 42 µs\n")
+    sizes = ["--concurrency", "4", "--requests", "16", "--only", "non-stream,serial"]
+    parts = ["--decisions", "200", "--client", "200", "--access-log", "200", "--tracing", "50"]
+    assert main([*sizes, *parts, "--report", str(report)]) == 0
+    text = report.read_text()
+    assert "stale figures" not in text
+    assert text.endswith(f"{ONE_OFF_HEADING}\n\nkept: 42 µs\n")
+    for row in ("| non-stream | 16 |", "| non-stream serial (c=1) | 2 |", "| 200 |", "| `ReplicaClient` |"):
+        assert row in text
+    for part in ("kvgate, json", "kvgate, text (logfmt) |", "sampled: four SDK spans |", "sampled out"):
+        assert part in text
