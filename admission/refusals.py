@@ -18,60 +18,48 @@ from config.admission import AdmissionConfig
 
 
 def too_large(cost: CostEstimate, largest_kv_tokens: int) -> Refusal:
-    return Refusal(
-        400,
-        RefusalReason.KV_CAPACITY,
+    """No replica could ever hold the request's worst case: a 400 naming the field to change."""
+    text = (
         f"This request needs {cost.kv_tokens} tokens of KV cache ({cost.prompt_tokens} prompt + "
         f"{cost.max_output_tokens} max output) but the largest replica serving '{cost.model}' "
-        f"holds {largest_kv_tokens}. Reduce the prompt or max_tokens.",
-        param="max_tokens",
+        f"holds {largest_kv_tokens}. Reduce the prompt or max_tokens."
     )
+    return Refusal(400, RefusalReason.KV_CAPACITY, text, param="max_tokens")
 
 
 def too_many_sequences(cost: CostEstimate, most_slots: int) -> Refusal:
-    return Refusal(
-        400,
-        RefusalReason.KV_CAPACITY,
+    """No replica could ever run all the request's sequences under the guard: a 400 too."""
+    text = (
         f"This request runs {cost.sequences} sequences at once but a replica serving '{cost.model}' "
         f"runs at most {most_slots} (the inter-token-latency guard), so it could never be admitted. "
-        "Reduce n or the number of prompts.",
-        param="n",
+        "Reduce n or the number of prompts."
     )
+    return Refusal(400, RefusalReason.KV_CAPACITY, text, param="n")
 
 
 def over_budget(tenant: Tenant, kv_tokens: int, wait_s: float, config: AdmissionConfig) -> Refusal:
-    hint = retry_after(wait_s, config.retry_after_cap_s)
-    return Refusal(
-        429,
-        RefusalReason.TENANT_BUDGET,
-        f"Tenant '{tenant.name}' is over its budget of {tenant.tokens_per_min} "
-        f"tokens per minute; this request counts {kv_tokens} (prompt + max output). "
-        f"Retry after {hint.seconds} s.",
-        hint,
+    text = (
+        f"Tenant '{tenant.name}' is over its budget of {tenant.tokens_per_min} tokens per minute; "
+        f"this request counts {kv_tokens} (prompt + max output)."
     )
+    return _come_back(429, RefusalReason.TENANT_BUDGET, text, wait_s, config)
 
 
 def queue_full(stats: QueueStats, expected_s: float, config: AdmissionConfig) -> Refusal:
-    hint = retry_after(expected_s, config.retry_after_cap_s)
-    return Refusal(
-        429,
-        RefusalReason.QUEUE_FULL,
+    text = (
         f"The admission queue is full ({stats.requests} requests, {stats.kv_tokens} tokens queued, "
-        f"{stats.promised_requests} promised). Retry after {hint.seconds} s.",
-        hint,
+        f"{stats.promised_requests} promised)."
     )
+    return _come_back(429, RefusalReason.QUEUE_FULL, text, expected_s, config)
 
 
 def place_held(model: str, due_in_s: float, config: AdmissionConfig) -> Refusal:
     """A client back before the slot it was promised: told again when that slot is due."""
-    hint = retry_after(due_in_s, config.retry_after_cap_s)
-    return Refusal(
-        429,
-        RefusalReason.KV_CAPACITY,
+    text = (
         f"The servers for '{model}' are at KV-cache capacity; this request holds a place "
-        f"due in {due_in_s:.1f} s. Retry after {hint.seconds} s.",
-        hint,
+        f"due in {due_in_s:.1f} s."
     )
+    return _come_back(429, RefusalReason.KV_CAPACITY, text, due_in_s, config)
 
 
 def overload(
@@ -79,22 +67,28 @@ def overload(
 ) -> Refusal:
     """The expected wait is longer than the request may wait: its client's timeout when that is the
     shorter bound (``deadline``), otherwise the queue's limit (``kv_capacity``)."""
-    hint = retry_after(expected_s, config.retry_after_cap_s)
     wait = f"about {expected_s:.1f} s"
     if client_bound:
-        message = (
+        text = (
             f"The expected wait for KV-cache capacity on '{model}' ({wait}) exceeds this "
-            f"request's timeout of {budget_s:.1f} s. Retry after {hint.seconds} s."
+            f"request's timeout of {budget_s:.1f} s."
         )
-        return Refusal(429, RefusalReason.DEADLINE, message, hint)
-    message = (
+        return _come_back(429, RefusalReason.DEADLINE, text, expected_s, config)
+    text = (
         f"The servers for '{model}' are at KV-cache capacity: the expected wait ({wait}) "
-        f"exceeds the {budget_s:.1f} s queue limit. Retry after {hint.seconds} s."
+        f"exceeds the {budget_s:.1f} s queue limit."
     )
-    return Refusal(429, RefusalReason.KV_CAPACITY, message, hint)
+    return _come_back(429, RefusalReason.KV_CAPACITY, text, expected_s, config)
 
 
 def no_replica(message: str, wait_s: float, config: AdmissionConfig) -> Refusal:
     """No replica can serve the request now: a 503 whose Retry-After is capped like every other."""
+    return _come_back(503, RefusalReason.NO_REPLICA, message, wait_s, config)
+
+
+def _come_back(
+    status: int, reason: RefusalReason, text: str, wait_s: float, config: AdmissionConfig
+) -> Refusal:
+    """A refusal that says when to come back: the capped hint, in the headers and the message."""
     hint = retry_after(wait_s, config.retry_after_cap_s)
-    return Refusal(503, RefusalReason.NO_REPLICA, f"{message} Retry after {hint.seconds} s.", hint)
+    return Refusal(status, reason, f"{text} Retry after {hint.seconds} s.", hint)

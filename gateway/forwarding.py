@@ -17,9 +17,8 @@ from typing import Any
 REQUEST_ID_HEADER = b"x-request-id"
 _CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 """A client's ``X-Request-Id`` that is echoed and forwarded: 1 to 128 visible ASCII characters."""
-_NOT_FORWARDED = frozenset(
+_HOP_BY_HOP = frozenset(
     {
-        b"host",
         b"connection",
         b"keep-alive",
         b"content-length",
@@ -28,29 +27,14 @@ _NOT_FORWARDED = frozenset(
         b"trailer",
         b"upgrade",
         b"proxy-connection",
-        b"proxy-authorization",
-        b"expect",
-        REQUEST_ID_HEADER,
     }
 )
+"""Headers of one connection, never passed on (RFC 9110 section 7.6.1); the length is the
+gateway's to write on each side."""
+_NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"proxy-authorization", b"expect", REQUEST_ID_HEADER}
 _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 """Connection options that name no header: nothing more to drop for them."""
-NOT_RELAYED = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"content-length",
-        b"transfer-encoding",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"proxy-connection",
-        b"proxy-authenticate",
-        b"date",
-        b"server",
-        REQUEST_ID_HEADER,
-    }
-)
+NOT_RELAYED = _HOP_BY_HOP | {b"proxy-authenticate", b"date", b"server", REQUEST_ID_HEADER}
 SET_COOKIE = b"set-cookie"
 
 
