@@ -40,8 +40,8 @@ from admission.retry_after import ServiceRates
 from admission.tenants import TenantDirectory
 from config.admission import AdmissionConfig
 from vocabulary.capacity import fits, kv_room_tokens, routable
-from vocabulary.fleet import FleetSnapshot
 from vocabulary.replica import ReplicaView
+from vocabulary.snapshot import FleetSnapshot
 
 
 class AdmissionController:

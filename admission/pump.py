@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from admission.controller import AdmissionController
 from admission.decision import Dispatch, Refusal
-from vocabulary.fleet import FleetSnapshot
+from vocabulary.snapshot import FleetSnapshot
 
 Waiter = TypeVar("Waiter")
 

@@ -31,8 +31,8 @@ from routing.health import (
     outcome_of_status,
 )
 from routing.router import Router
-from vocabulary.fleet import FleetSnapshot
 from vocabulary.replica import ReplicaLoad, ReplicaView
+from vocabulary.snapshot import FleetSnapshot
 
 EJECTED = HealthState.EJECTED
 _TTFT_EWMA_WEIGHT = 0.2

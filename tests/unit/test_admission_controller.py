@@ -12,8 +12,8 @@ from admission.ledger import InMemoryLedger
 from admission.retry_after import ServiceRates
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig, PriorityClass, TenantConfig
-from vocabulary.fleet import FleetSnapshot
 from vocabulary.replica import ReplicaView, Role
+from vocabulary.snapshot import FleetSnapshot
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _ids = count(1)

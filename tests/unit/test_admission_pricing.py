@@ -27,8 +27,8 @@ from config.schema import Model
 from routing.filters import Gate
 from routing.request import RoutingRequest
 from vocabulary.capacity import fits
-from vocabulary.fleet import FleetSnapshot
 from vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from vocabulary.snapshot import FleetSnapshot
 
 CHAT, COMPLETIONS = True, False
 FACTS = Model(name="m", max_model_len=1000, kv_bytes_per_token=1)
