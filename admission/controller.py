@@ -36,6 +36,7 @@ from admission.ledger import Ledger
 from admission.placement import after_promises, fleet_placer
 from admission.promises import Promise, PromiseBook, fingerprint
 from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
+from admission.refusals import WaitBound
 from admission.retry_after import ServiceRates
 from admission.tenants import TenantDirectory
 from config.admission import AdmissionConfig
@@ -127,7 +128,7 @@ class AdmissionController:
                 fitting.sort(key=kv_room_tokens, reverse=True)
             self._queue.charge(tenant.name, tenant.weight, kv_tokens)
             return Admit(tuple(fitting))
-        wait_budget_s, client_bound = self._wait_budget(request)
+        wait_budget_s, bound = self._wait_budget(request)
         entry = QueuedRequest(
             ticket, request, now_s, now_s + wait_budget_s, None if promise is None else promise.due_s
         )
@@ -145,7 +146,7 @@ class AdmissionController:
         if not queue_has_room:
             return refusals.queue_full(self.queue_stats(now_s), expected_s, self.config)
         self._promise(request, expected_s, now_s)
-        return refusals.overload(model, expected_s, wait_budget_s, client_bound, self.config)
+        return refusals.overload(model, expected_s, wait_budget_s, bound, self.config)
 
     def retry_candidates(self, request: AdmissionRequest, fleet: FleetSnapshot) -> tuple[ReplicaView, ...]:
         """Where a request admitted once may be retried now (its replica failed before the first
@@ -221,8 +222,8 @@ class AdmissionController:
                 self._promise(request, expected_s, now_s)
             else:
                 expected_s = self.config.no_replica_retry_after_s
-            budget_s, client_bound = self._wait_budget(request)
-            refusal = refusals.overload(request.model, expected_s, budget_s, client_bound, self.config)
+            budget_s, bound = self._wait_budget(request)
+            refusal = refusals.overload(request.model, expected_s, budget_s, bound, self.config)
             expired.append(Expired(entry.ticket, request, refusal))
         return expired
 
@@ -258,6 +259,8 @@ class AdmissionController:
         queue's bounds leave room. The promise keeps the request's tenant and cost, not its body."""
         if request.body is None or request.retry_count is None or not math.isfinite(expected_s):
             return
+        if expected_s > self.config.retry_after_cap_s:
+            return  # told not to retry (``x-should-retry: false``): no slot to hold
         if self._has_room(request.cost.kv_tokens):
             key = (request.tenant.name, fingerprint(request.body))
             self._promises.book(key, dataclasses.replace(request, body=None), now_s + expected_s)
@@ -302,11 +305,19 @@ class AdmissionController:
         self._next_ticket += 1
         return ticket
 
-    def _wait_budget(self, request: AdmissionRequest) -> tuple[float, bool]:
+    def _wait_budget(self, request: AdmissionRequest) -> tuple[float, WaitBound]:
+        """How long the request may wait in the queue, and what bounds it: the queue's limit, the
+        client's own timeout, or the model's TTFT objective less the request's own prefill."""
+        budget_s, bound = self.config.max_queue_wait_s, WaitBound.QUEUE_LIMIT
         timeout_s = request.client_timeout_s
-        if timeout_s is not None and timeout_s < self.config.max_queue_wait_s:
-            return timeout_s, True
-        return self.config.max_queue_wait_s, False
+        if timeout_s is not None and timeout_s < budget_s:
+            budget_s, bound = timeout_s, WaitBound.CLIENT_TIMEOUT
+        slo_s = self.config.model_rules(request.model).ttft_slo_s
+        if slo_s is not None:
+            slo_budget_s = slo_s - request.cost.prompt_tokens / self.rates.prefill_tokens_per_s
+            if slo_budget_s < budget_s:
+                budget_s, bound = max(0.0, slo_budget_s), WaitBound.TTFT_SLO
+        return budget_s, bound
 
     def _max_active(self, view: ReplicaView) -> int:
         """The guard: the configured limit, or the replica's own sequence slots when fewer."""

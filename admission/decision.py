@@ -23,6 +23,7 @@ class RefusalReason(StrEnum):
     QUEUE_FULL = "queue_full"
     TENANT_BUDGET = "tenant_budget"
     DEADLINE = "deadline"
+    TTFT_SLO = "ttft_slo"
     NO_REPLICA = "no_replica"
     COORDINATION_UNAVAILABLE = "coordination_unavailable"
     INVALID_REQUEST = "invalid_request"

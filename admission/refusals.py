@@ -9,6 +9,8 @@ one itself.
 
 from __future__ import annotations
 
+from enum import Enum
+
 from admission.cost import CostEstimate
 from admission.decision import Refusal, RefusalReason
 from admission.queue import QueueStats
@@ -62,23 +64,38 @@ def place_held(model: str, due_in_s: float, config: AdmissionConfig) -> Refusal:
     return _come_back(429, RefusalReason.KV_CAPACITY, text, due_in_s, config)
 
 
+class WaitBound(Enum):
+    """What limits how long a request may wait in the queue: the reason it is refused when its
+    expected wait is longer."""
+
+    QUEUE_LIMIT = RefusalReason.KV_CAPACITY
+    CLIENT_TIMEOUT = RefusalReason.DEADLINE
+    TTFT_SLO = RefusalReason.TTFT_SLO
+
+
 def overload(
-    model: str, expected_s: float, budget_s: float, client_bound: bool, config: AdmissionConfig
+    model: str, expected_s: float, budget_s: float, bound: WaitBound, config: AdmissionConfig
 ) -> Refusal:
-    """The expected wait is longer than the request may wait: its client's timeout when that is the
-    shorter bound (``deadline``), otherwise the queue's limit (``kv_capacity``)."""
+    """The expected wait is longer than the request may wait: the queue's limit (``kv_capacity``),
+    its client's timeout when that is shorter (``deadline``), or the model's time-to-first-token
+    objective less the request's own prefill when that is shorter still (``ttft_slo``)."""
     wait = f"about {expected_s:.1f} s"
-    if client_bound:
+    if bound is WaitBound.CLIENT_TIMEOUT:
         text = (
             f"The expected wait for KV-cache capacity on '{model}' ({wait}) exceeds this "
             f"request's timeout of {budget_s:.1f} s."
         )
-        return _come_back(429, RefusalReason.DEADLINE, text, expected_s, config)
-    text = (
-        f"The servers for '{model}' are at KV-cache capacity: the expected wait ({wait}) "
-        f"exceeds the {budget_s:.1f} s queue limit."
-    )
-    return _come_back(429, RefusalReason.KV_CAPACITY, text, expected_s, config)
+    elif bound is WaitBound.TTFT_SLO:
+        text = (
+            f"The expected wait for KV-cache capacity on '{model}' ({wait}) would leave this request "
+            f"past the model's time-to-first-token objective: it may wait {budget_s:.1f} s."
+        )
+    else:
+        text = (
+            f"The servers for '{model}' are at KV-cache capacity: the expected wait ({wait}) "
+            f"exceeds the {budget_s:.1f} s queue limit."
+        )
+    return _come_back(429, bound.value, text, expected_s, config)
 
 
 def no_replica(message: str, wait_s: float, config: AdmissionConfig) -> Refusal:

@@ -14,7 +14,9 @@ and ``retry-after-ms`` milliseconds rounded up, both from the same estimate, cap
 official SDKs honour. openai-python retries after ``retry-after-ms``/``Retry-After`` only when
 ``0 < value <= MAX_RETRY_AFTER_DELAY``: 60 s in older releases (which otherwise back off for at
 most 8 s, hammering the gateway) and 120 s in current ones (which otherwise do not retry at all). A
-longer estimate is therefore sent as the cap: the client comes back at the cap and is told again.
+longer estimate is sent as the cap with ``x-should-retry: false`` (which the openai SDKs obey): the
+honest wait is longer than a client waits, so the gateway says so rather than promise a slot it
+cannot keep.
 """
 
 from __future__ import annotations
@@ -72,16 +74,22 @@ class RetryAfter:
     """``retry-after-ms``: the same estimate in milliseconds, rounded up."""
     expected_s: float
     """The uncapped estimate (may be ``inf``): for metrics and logs, not for headers."""
+    honest: bool = True
+    """The estimate is within the cap: a client that comes back then should get in. False when the
+    honest wait is longer than clients wait, which the headers say with ``x-should-retry: false``."""
 
     def headers(self) -> dict[str, str]:
-        return {"retry-after": str(self.seconds), "retry-after-ms": str(self.milliseconds)}
+        headers = {"retry-after": str(self.seconds), "retry-after-ms": str(self.milliseconds)}
+        if not self.honest:
+            headers["x-should-retry"] = "false"
+        return headers
 
 
 def retry_after(expected_s: float, cap_s: float) -> RetryAfter:
     capped_s = min(max(expected_s, 0.001), cap_s)
     milliseconds = max(1, math.ceil(round(capped_s * 1000.0, 6)))
     seconds = max(1, math.ceil(milliseconds / 1000.0))
-    return RetryAfter(seconds, milliseconds, expected_s)
+    return RetryAfter(seconds, milliseconds, expected_s, expected_s <= cap_s)
 
 
 def completions_s(resident: Sequence[ResidentWork], rates: ServiceRates) -> tuple[tuple[float, int], ...]:

@@ -61,6 +61,16 @@ class ModelAdmissionConfig(_Section):
         description="Output cap given to requests without one, under 'default_cap' (tokens). Default 1024. "
         "Example: 512.",
     )
+    ttft_slo_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Time-to-first-token objective (seconds): a request is queued only while its expected "
+            "wait plus its own prefill meets it, refused at once (429 `ttft_slo`, Retry-After when it "
+            "would) when it would not, and refused when its place in the queue runs out; one that "
+            "fits at once is always admitted. Default none (the queue limits alone). Example: 2."
+        ),
+    )
 
 
 class TenantConfig(_Section):

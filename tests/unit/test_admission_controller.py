@@ -11,7 +11,7 @@ from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Queu
 from admission.ledger import InMemoryLedger
 from admission.retry_after import ServiceRates
 from admission.tenants import Tenant
-from config.admission import AdmissionConfig, PriorityClass, TenantConfig
+from config.admission import AdmissionConfig, ModelAdmissionConfig, PriorityClass, TenantConfig
 from vocabulary.replica import ReplicaView, Role
 from vocabulary.snapshot import FleetSnapshot
 
@@ -168,14 +168,18 @@ def test_client_deadline_shorter_than_budget_gives_reason_deadline() -> None:
     assert isinstance(fleet.admit(req(100, 100, timeout_s=60.0)), Queue)
 
 
-def test_retry_after_is_capped_for_the_sdk() -> None:
+def test_retry_after_is_capped_for_the_sdk_which_is_told_not_to_retry() -> None:
     fleet = Fleet(AdmissionConfig(max_queue_wait_s=1.0, retry_after_cap_s=60.0), {"a": 100_000})
     fleet.controller.observe_rates(ServiceRates(inter_token_s=1.0, prefill_tokens_per_s=10_000))
     assert isinstance(fleet.admit(req(100, 99_000)), Admit)
     decision = fleet.admit(req(100, 1000))
     assert isinstance(decision, Refusal) and decision.retry_after is not None
     assert decision.retry_after.expected_s > 1000
-    assert decision.retry_after.headers() == {"retry-after": "60", "retry-after-ms": "60000"}
+    assert decision.retry_after.headers() == {
+        "retry-after": "60",
+        "retry-after-ms": "60000",
+        "x-should-retry": "false",
+    }
 
 
 def test_queue_full_in_requests_and_in_tokens() -> None:
@@ -371,3 +375,34 @@ def test_contended_fleet_serves_tokens_in_proportion_to_weights(weights: tuple[f
                     queued[name] += 1
     share_chat = served["chat"] / (served["chat"] + served["long"])
     assert share_chat == pytest.approx(weights[1] / sum(weights), abs=0.05)
+
+
+def slo_fleet(ttft_slo_s: float) -> Fleet:
+    """One replica of 1000 KV tokens, full; prefill at 10,000 tokens/s, one token per 10 ms."""
+    config = AdmissionConfig(models={MODEL: ModelAdmissionConfig(ttft_slo_s=ttft_slo_s)})
+    fleet = Fleet(config, {"a": 1000})
+    assert isinstance(fleet.admit(req(500, 500)), Admit)
+    return fleet
+
+
+def test_a_request_is_queued_only_while_its_wait_and_prefill_meet_the_ttft_objective() -> None:
+    queued = slo_fleet(ttft_slo_s=10.0).admit(req(1000 - 500, 100))
+    assert isinstance(queued, Queue)
+    assert queued.expires_at_s == pytest.approx(10.0 - 500 / 10_000), "the objective less its prefill"
+    refused = slo_fleet(ttft_slo_s=1.0).admit(req(500, 100))
+    assert isinstance(refused, Refusal) and refused.reason is RefusalReason.TTFT_SLO
+    assert refused.retry_after is not None and refused.retry_after.expected_s > 1.0 - 500 / 10_000
+    assert "time-to-first-token objective" in refused.message
+
+
+def test_a_request_that_fits_at_once_is_admitted_whatever_its_own_prefill() -> None:
+    config = AdmissionConfig(models={MODEL: ModelAdmissionConfig(ttft_slo_s=0.01)})
+    assert isinstance(Fleet(config, {"a": 100_000}).admit(req(50_000, 10)), Admit)
+
+
+def test_a_queued_request_is_refused_when_its_objective_runs_out_not_forwarded_late() -> None:
+    fleet = slo_fleet(ttft_slo_s=10.0)
+    assert isinstance(fleet.admit(req(500, 100)), Queue)
+    assert fleet.controller.expire(fleet.snapshot(9.9)) == []
+    [late] = fleet.controller.expire(fleet.snapshot(9.96))
+    assert late.refusal.reason is RefusalReason.TTFT_SLO

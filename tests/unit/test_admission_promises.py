@@ -132,10 +132,10 @@ def test_a_promise_never_outranks_a_higher_class() -> None:
 
 
 def test_early_return_keeps_its_place_and_is_told_the_time_left() -> None:
-    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=1.0)
+    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=10.0)
     fleet, _ = full_fleet(config)
     first = refused(fleet, freq(b"c", max_output=600))
-    assert first.retry_after is not None and first.retry_after.seconds == 1
+    assert first.retry_after is not None and first.retry_after.honest
     due_s = first.retry_after.expected_s
     assert due_s > 3.0
     fleet.now_s = 1.0
@@ -275,3 +275,12 @@ def test_a_promise_keeps_the_body_digest_not_the_body() -> None:
     refused(fleet, freq(b"c" * 1000))
     (promise,) = fleet.controller._promises.due(float("inf"))
     assert promise.key == ("t", fingerprint(b"c" * 1000)) and promise.request.body is None
+
+
+def test_a_wait_beyond_what_clients_wait_is_said_and_never_promised() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, retry_after_cap_s=1.0)
+    fleet, _ = full_fleet(config)
+    first = refused(fleet, freq(b"c", max_output=600))
+    assert first.retry_after is not None and first.retry_after.expected_s > 1.0
+    assert first.retry_after.headers()["x-should-retry"] == "false"
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 0, "no slot held for it"

@@ -27,21 +27,23 @@ def replica(capacity: int, *resident: ResidentWork, max_active: int = 100, rid: 
 
 
 @pytest.mark.parametrize(
-    ("expected_s", "seconds", "milliseconds"),
+    ("expected_s", "seconds", "milliseconds", "honest"),
     [
-        (0.2, 1, 200),
-        (1.0, 1, 1000),
-        (2.0001, 3, 2001),
-        (0.0, 1, 1),
-        (59.9991, 60, 60000),
-        (500.0, 60, 60000),
-        (math.inf, 60, 60000),
+        (0.2, 1, 200, True),
+        (1.0, 1, 1000, True),
+        (2.0001, 3, 2001, True),
+        (0.0, 1, 1, True),
+        (59.9991, 60, 60000, True),
+        (60.0, 60, 60000, True),
+        (500.0, 60, 60000, False),
+        (math.inf, 60, 60000, False),
     ],
 )
-def test_headers_round_up_and_cap(expected_s: float, seconds: int, milliseconds: int) -> None:
+def test_headers_round_up_and_cap(expected_s: float, seconds: int, milliseconds: int, honest: bool) -> None:
     hint = retry_after(expected_s, cap_s=60.0)
-    assert (hint.seconds, hint.milliseconds) == (seconds, milliseconds)
-    assert hint.headers() == {"retry-after": str(seconds), "retry-after-ms": str(milliseconds)}
+    assert (hint.seconds, hint.milliseconds, hint.honest) == (seconds, milliseconds, honest)
+    said = {"retry-after": str(seconds), "retry-after-ms": str(milliseconds)}
+    assert hint.headers() == (said if honest else {**said, "x-should-retry": "false"})
     assert hint.expected_s == expected_s
 
 

@@ -3,8 +3,9 @@
 
 The trace exercises every branch a request can take between parse and release: admitted at once,
 queued then dispatched, queued past its deadline, refused for KV, for the queue, for a tenant's
-budget, invalid, unauthorised, a replica failing before the first byte (retried), a client leaving
-while queued, a replica ejected and back, a refused client retrying with ``x-stainless-retry-count``.
+budget, for the model's TTFT objective, invalid, unauthorised, a replica failing before the first
+byte (retried), a client leaving while queued, a replica ejected and back, a refused client retrying
+with ``x-stainless-retry-count``.
 The recording (``golden/decision_replay.json``) is the behaviour contract of the decision path: a
 restructuring that changes any outcome, label or sample shows up here. Regenerate it only for a
 deliberate behaviour change, named in the commit (``KVGATE_REPLAY_RECORD=1``).
@@ -111,6 +112,7 @@ def config() -> Any:
                 "max_active_sequences_per_replica": 6,
                 "queue_max_requests": 12,
                 "max_queue_wait_s": 4.0,
+                "models": {"m": {"ttft_slo_s": 4.5}},
             },
             "routing": {"seed": 3},
         },
