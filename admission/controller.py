@@ -54,7 +54,6 @@ class AdmissionController:
         calibration: Calibration | None = None,
     ) -> None:
         self.config = config
-        self.ledger = ledger
         self.tenants = tenants if tenants is not None else TenantDirectory(config)
         self.calibration = calibration if calibration is not None else Calibration()
         self._queue = WaitQueue(
@@ -234,6 +233,13 @@ class AdmissionController:
             return False
         self.tenants.refund(entry.request.tenant, entry.kv_tokens)
         return True
+
+    def unadmit(self, request: AdmissionRequest) -> None:
+        """An admitted request that no replica took after all (the fleet changed between the
+        decision and the routing): give back its tenant's budget and its fair-share charge."""
+        kv_tokens = request.cost.kv_tokens
+        self.tenants.refund(request.tenant, kv_tokens)
+        self._queue.refund(request.tenant.name, request.tenant.weight, kv_tokens)
 
     def settle(self, request: AdmissionRequest, used_tokens: int) -> None:
         """A request finished having used ``used_tokens`` (actual prompt + output): give back to the

@@ -73,10 +73,6 @@ class Refusal:
     param: str | None = None
     """For a 400: the request field the client should change, as OpenAI errors name it."""
 
-    @property
-    def retry_after_s(self) -> int | None:
-        return None if self.retry_after is None else self.retry_after.seconds
-
 
 Decision = Admit | Queue | Refusal
 

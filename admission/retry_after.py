@@ -119,7 +119,7 @@ class FleetDrain:
     kv_room_tokens: tuple[int, ...]
     """Fleet KV room after each completion in ``times_s``."""
     free_slots: tuple[int, ...]
-    start_room_kv_tokens: int
+    start_kv_room_tokens: int
     start_free_slots: int
 
     @classmethod
@@ -187,7 +187,7 @@ def _first_fit_s(replica: ReplicaDrain, freed: tuple[int, ...], kv_tokens: int) 
 
 
 def _first_fleet_s(fleet: FleetDrain, need_room: float, need_slots: float) -> float | None:
-    if fleet.start_room_kv_tokens >= need_room and fleet.start_free_slots >= need_slots:
+    if fleet.start_kv_room_tokens >= need_room and fleet.start_free_slots >= need_slots:
         return 0.0
     index = max(
         bisect.bisect_left(fleet.kv_room_tokens, need_room), bisect.bisect_left(fleet.free_slots, need_slots)

@@ -1,14 +1,14 @@
 """What a served request tells the gateway: tokens, latencies, and how far its estimates were off.
 
-The proxy reports three moments of a response: its first token (``first_token``), the tokens a
-stream produced so far (``produced``: the ledger's remaining-decode bound shrinks with them) and
-its end (``finished``, with the replica's usage and the stream's inter-token gaps). From them the
-ledger learns which prefill is done, the replica its smoothed TTFT (a cold replica is slower), the
-admission controller the measured inter-token latency and prefill rate (its forecasts of queue
-waits and of a request's own prefill against a TTFT objective run on them, not on constants) and
-how prompt counts and output lengths compare with its estimates, and the metrics every latency
-once. ``closed`` records a whole response's TTFT that never reached the metrics because sending it
-to the client failed.
+The relay (``gateway.relay``) reports three moments of a response: its first token
+(``first_token``), the tokens a stream produced so far (``produced``: the ledger's remaining-decode
+bound shrinks with them) and its end (``finished``, with the replica's usage and the stream's
+inter-token gaps). From them the ledger learns which prefill is done, the replica its smoothed TTFT
+(a cold replica is slower), the admission controller the measured inter-token latency and prefill
+rate (its forecasts of queue waits and of a request's own prefill against a TTFT objective run on
+them, not on constants) and how prompt counts and output lengths compare with its estimates, and the
+metrics every latency once. ``closed`` records a whole response's TTFT that never reached the
+metrics because sending it to the client failed.
 """
 
 from __future__ import annotations

@@ -66,6 +66,7 @@ class Gateway:
         self.state = GatewayState.from_config(config)
         autoscaler = config.autoscaler
         window_s = 60.0 if autoscaler is None else autoscaler.signals_window_s
+        self._clock = clock
         self.metrics = GatewayMetrics(clock=clock, window_s=window_s)
         self.path = DecisionPath.build(self.state, config, self.metrics, clock)
         """The decision path's parts (pricing, fleet, dispatcher, accounting), over ``clock``."""
@@ -91,6 +92,7 @@ class Gateway:
                 namespace=coordination.namespace,
                 fail_mode=FailMode(coordination.fail_mode),
                 metrics=self.metrics,
+                clock=clock,
             )
             self.metrics.bind_coordination(self.coordinator.status)
             if self.coordinator.gate.may_refuse:
@@ -111,7 +113,7 @@ class Gateway:
 
             self.tracing = Tracing(config.tracing)
         self._tasks: list[asyncio.Task[None]] = []
-        self._pump: asyncio.Task[None] | None = None
+        self._tick_task: asyncio.Task[None] | None = None
         self.draining = False
         """Set on SIGTERM (``gateway.server``): readiness fails from then on."""
         self._refusing = False
@@ -133,7 +135,7 @@ class Gateway:
             return "starting"
         if self.draining:
             return "draining"
-        if self._pump is None or self._pump.done():
+        if self._tick_task is None or self._tick_task.done():
             return "admission_pump_stopped"
         if self.coordinator is not None and self.coordinator.status().refusing:
             return RefusalReason.COORDINATION_UNAVAILABLE.value
@@ -166,24 +168,25 @@ class Gateway:
             if self.config.access_log.enabled
             else None
         )
-        self._proxy = Proxy(self.state, self.path, self._client, server, access_log, self.tracing)
+        cap_s = self.config.admission.retry_after_cap_s
+        self._proxy = Proxy(self.state, self.path, self._client, server, cap_s, access_log, self.tracing)
         discoveries = [
             DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
         ]
         for discovery in discoveries:
             await discovery.refresh()
         monitor = HealthMonitor(self.state, self._session, self.config.health, self.path.fleet)
-        scraper = Scraper(self.state, self._session, self.config.health.interval_s)
+        scraper = Scraper(self.state, self._session, self.config.health.interval_s, clock=self._clock)
         await asyncio.gather(monitor.probe_all(), scraper.scrape_all())
-        self._pump = asyncio.create_task(self.path.dispatcher.run(), name="kvgate-admission-pump")
+        self._tick_task = asyncio.create_task(self.path.dispatcher.run(), name="kvgate-admission-pump")
         self._tasks = [
             asyncio.create_task(monitor.run(), name="kvgate-health"),
             asyncio.create_task(scraper.run(), name="kvgate-scrape"),
-            self._pump,
+            self._tick_task,
         ]
         self._tasks += [asyncio.create_task(d.run(), name="kvgate-dns") for d in discoveries]
         if self.config.autoscaler is not None:
-            recommender = GatewayRecommender(self.metrics, self.config.autoscaler)
+            recommender = GatewayRecommender(self.metrics, self.config.autoscaler, self._clock)
             self._tasks.append(asyncio.create_task(recommender.run(), name="kvgate-autoscaler"))
         if self.coordinator is not None:
             await self.coordinator.start()

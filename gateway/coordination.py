@@ -170,11 +170,13 @@ class RedisCoordinator:
     """Key prefix: gateways that share a fleet share a namespace."""
     fail_mode: FailMode = FailMode.OPEN
     metrics: GatewayMetrics | None = None
+    clock: Callable[[], float] = time.monotonic
+    """The gateway's clock: what the decision path compares the last sync with."""
     gateway_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     connected: bool = False
     """The latest sync reached Redis and read it."""
     last_sync_s: float | None = None
-    """Monotonic time the last good sync ended; None before the first."""
+    """When (``clock``) the last good sync ended; None before the first."""
     _foreign: dict[str, ReplicaLoad] = field(default_factory=dict)
     _up: bool | None = None
     """The state last logged: None before the first sync."""
@@ -192,7 +194,7 @@ class RedisCoordinator:
 
     def foreign_loads(self) -> Mapping[str, ReplicaLoad]:
         """Other gateways' reservations per replica; empty once the last sync is a lease old."""
-        if self.last_sync_s is None or time.monotonic() - self.last_sync_s > self.lease_s:
+        if self.last_sync_s is None or self.clock() - self.last_sync_s > self.lease_s:
             return {}
         return self._foreign
 
@@ -201,7 +203,7 @@ class RedisCoordinator:
         return self.gate.refusal(now_s, self.connected, self.last_sync_s)
 
     def status(self) -> CoordinationStatus:
-        return self.gate.status(time.monotonic(), self.connected, self.last_sync_s)
+        return self.gate.status(self.clock(), self.connected, self.last_sync_s)
 
     async def start(self) -> None:
         """Connect and sync once; whatever Redis does, this returns and the loop keeps trying."""
@@ -249,7 +251,7 @@ class RedisCoordinator:
         except Exception as exc:
             self._failed(exc)
             return
-        now_s = time.monotonic()
+        now_s = self.clock()
         self._foreign = read.totals
         self.last_sync_s = now_s
         self.connected = True
@@ -277,9 +279,7 @@ class RedisCoordinator:
         if self.metrics is not None:
             self.metrics.count_coordination_errors(kind)
         detail = f"{type(exc).__name__}: {exc}"
-        self._throttled.warn(
-            kind, time.monotonic(), f"Redis {kind} error: {detail}", exc_info=kind == "internal"
-        )
+        self._throttled.warn(kind, self.clock(), f"Redis {kind} error: {detail}", exc_info=kind == "internal")
         if self._up is not False:
             effect = (
                 "refusing new requests (fail_mode closed)"

@@ -46,11 +46,13 @@ class DecisionPath:
         fleet = Fleet(state, config, metrics, router, clock)
         for pool in config.pools:
             metrics.declare_pool(pool.name)
+        dispatcher = Dispatcher(state, config, metrics, fleet, controller, router, clock)
+        fleet.on_recovered = dispatcher.pump
         return cls(
             clock,
             Pricer(state, config, controller.tenants),
             fleet,
-            Dispatcher(state, config, metrics, fleet, controller, router, clock),
+            dispatcher,
             Accounting(state, controller, fleet, metrics),
             metrics,
         )

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from admission import refusals
@@ -44,7 +43,7 @@ class Route:
     replica: ReplicaState
 
 
-Waiter = tuple[ProxyRequest, "asyncio.Future[Route | Refusal]"]
+QueuedWaiter = tuple[ProxyRequest, "asyncio.Future[Route | Refusal]"]
 
 
 def _never_refused(now_s: float) -> Refusal | None:
@@ -60,7 +59,7 @@ class Dispatcher:
         fleet: Fleet,
         controller: AdmissionController,
         router: Router,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float],
     ) -> None:
         self._state = state
         self._config = config.admission
@@ -70,7 +69,7 @@ class Dispatcher:
         self.controller = controller
         self.router = router
         self.retry_budget = RetryBudget.from_config(config.routing)
-        self._pump: AdmissionPump[Waiter] = AdmissionPump(controller)
+        self._pump: AdmissionPump[QueuedWaiter] = AdmissionPump(controller)
         self._routed: dict[str, ProxyRequest] = {}
         """Requests holding a reservation, by id, until released: their leases are renewed while
         the proxy still serves them (``renew_leases``)."""
@@ -78,7 +77,6 @@ class Dispatcher:
         self._renewed_at_s = clock()
         self.coordination_refusal: Callable[[float], Refusal | None] = _never_refused
         """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
-        fleet.on_recovered = self.pump
 
     def queued_requests(self) -> list[ProxyRequest]:
         return [request for request, _ in self._pump.waiters()]
@@ -89,7 +87,7 @@ class Dispatcher:
 
     async def admit(self, request: ProxyRequest) -> Route | Refusal:
         assert request.admission is not None, "priced before admitted"
-        now_s = request.arrived_s
+        now_s = self._clock()
         self.retry_budget.record_request(now_s)
         model = request.model
         pool = self._fleet.pool_of(model)
@@ -108,6 +106,7 @@ class Dispatcher:
             if route is not None:
                 self._metrics.count_admitted(pool, model, "fits", 0.0)
                 return route
+            self.controller.unadmit(request.admission)
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=model)
             message = f"No replica serving '{model}' can take the request now."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
@@ -177,7 +176,7 @@ class Dispatcher:
             return
         self._pump.dispatch(self._fleet.snapshot(now_s), self._dispatch)
 
-    def _dispatch(self, waiter: Waiter, dispatch: Dispatch, now_s: float) -> Placement:
+    def _dispatch(self, waiter: QueuedWaiter, dispatch: Dispatch, now_s: float) -> Placement:
         request, future = waiter
         if future.done():
             return Placement.GONE  # the client left and its task has not heard yet

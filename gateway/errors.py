@@ -30,6 +30,7 @@ the fleet's addresses); the log line of the same failure carries both.
 from __future__ import annotations
 
 import logging
+import math
 
 import orjson
 
@@ -65,7 +66,7 @@ class GatewayError(Exception):
         self.retry_after = retry_after
         """When to come back: an admission refusal's hint, or ``retry_after_s`` as it was given."""
         if retry_after is None and retry_after_s is not None:
-            self.retry_after = retry_after_hint(retry_after_s, retry_after_s)
+            self.retry_after = retry_after_hint(retry_after_s, math.inf)  # as given, uncapped
         self.reason = reason
         """Why the gateway decided so (an admission reason such as ``kv_capacity``), when it did."""
 
@@ -178,10 +179,16 @@ def translate_upstream(exc: BaseException, replica_name: str, replica_url: str) 
 
 
 def upstream_status_error(
-    status: int, replica_name: str, replica_url: str, body: bytes, retry_after_s: float | None = None
+    status: int,
+    replica_name: str,
+    replica_url: str,
+    body: bytes,
+    retry_after_s: float | None = None,
+    retry_after_cap_s: float = math.inf,
 ) -> GatewayError:
     """A replica's 429 or 5xx answer as a gateway error, keeping the replica's own message when it
-    has one. A 429 is the replica's backpressure: it stays a 429, with the replica's Retry-After."""
+    has one. A 429 is the replica's backpressure: it stays a 429, with the replica's Retry-After
+    capped like the gateway's own (``retry_after_cap_s``)."""
     detail = ""
     try:
         parsed = orjson.loads(body)
@@ -193,7 +200,8 @@ def upstream_status_error(
     suffix = f": {detail}" if detail else ""
     if status == 429:
         message = f"replica {replica_name} is saturated (429){suffix}"
-        return TooManyRequests(message, retry_after_s=retry_after_s)
+        hint = None if retry_after_s is None else retry_after_hint(retry_after_s, retry_after_cap_s)
+        return TooManyRequests(message, retry_after=hint)
     logger.warning("replica %s (%s) answered %d%s", replica_name, replica_url, status, suffix)
     if status == 503:
         return ServiceUnavailable(f"replica {replica_name} is unavailable (503){suffix}", retry_after_s=1.0)
@@ -202,13 +210,18 @@ def upstream_status_error(
     return BadGateway(f"replica {replica_name} answered {status}{suffix}")
 
 
-_REFUSALS: dict[int, type[GatewayError]] = {400: BadRequest, 401: Unauthorized, 503: ServiceUnavailable}
+_REFUSALS: dict[int, type[GatewayError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    429: TooManyRequests,
+    503: ServiceUnavailable,
+}
 
 
 def refusal_error(refusal: Refusal) -> GatewayError:
     """The one place a decision's refusal becomes what the client receives: its status's error,
     its message and reason, and its Retry-After (``RetryAfter.headers``)."""
-    error_class = _REFUSALS.get(refusal.status, TooManyRequests)
+    error_class = _REFUSALS[refusal.status]
     return error_class(
         refusal.message, param=refusal.param, reason=refusal.reason.value, retry_after=refusal.retry_after
     )

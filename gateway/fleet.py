@@ -14,7 +14,6 @@ decides when a replica is routable, ejected and back.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 
 from admission.ledger import NO_LOAD
@@ -49,7 +48,7 @@ class Fleet:
         config: GatewayConfig,
         metrics: GatewayMetrics,
         router: Router,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float],
     ) -> None:
         self._state = state
         self._metrics = metrics

@@ -64,6 +64,7 @@ class Proxy:
         path: DecisionPath,
         client: ReplicaClient,
         server: Server,
+        retry_after_cap_s: float,
         access_log: AccessLog | None = None,
         tracing: Tracing | None = None,
     ) -> None:
@@ -80,6 +81,7 @@ class Proxy:
             path.metrics,
             path.clock,
             server.forward_client_credentials,
+            retry_after_cap_s,
             tracing,
         )
         self._access_log = access_log
@@ -160,8 +162,8 @@ class Proxy:
                 route = retry
         finally:
             state.served += 1
-            self._accounting.closed(request, route.replica)
             self._dispatcher.release(request)
+            self._accounting.closed(request, route.replica)
 
     def _done(self, request: ProxyRequest) -> None:
         """Record the finished request, once: its spans and its access-log line."""

@@ -1,15 +1,16 @@
 """One attempt of a request on one replica, relayed to the client as the replica answers.
 
 ``Relay.attempt`` sends the priced body (one write, ``replica_http``) and relays the answer. A
-replica's 429 or 5xx before anything reached the client is returned as an error the proxy may
-retry elsewhere; after the first byte a failure ends the stream with an error event and
-``[DONE]``. A whole response is read, its usage taken, and sent with its length. A stream's SSE
-chunks are relayed as they arrive, never re-assembled into lines or re-serialised; counting
-``data:`` events per chunk is the token count (one event per engine step per sequence carries about
-one token), reported to ``Accounting`` (first token, produced every few events, finished with the
-inter-token gaps) on the gateway's one clock. The usage-only chunk the gateway asked for
-(``stream_options.include_usage``) is read for the replica's token counts and taken out before the
-client sees it. Every answer is passive health for the replica (``Fleet.observe``).
+replica's 429 or 5xx before anything reached the client is returned as an error the proxy may retry
+elsewhere; after the first byte a failure ends the stream with an error event and ``[DONE]``. A
+whole response is read, its usage taken, and sent with its length. A stream's SSE chunks are relayed
+as they arrive, never re-assembled into lines or re-serialised; counting ``data:`` events per chunk
+is the token count (one event per engine step per sequence carries about one token), reported to
+``Accounting`` (first token, produced every few events, finished with the inter-token gaps: the
+moments on the gateway's clock, the gaps between reads on the event loop's). The usage-only chunk
+the gateway asked for (``stream_options.include_usage``) is read for the replica's token counts and
+taken out before the client sees it. Every answer is passive health for the replica
+(``Fleet.observe``).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class Relay:
         metrics: GatewayMetrics,
         clock: Callable[[], float],
         forward_client_credentials: bool,
+        retry_after_cap_s: float,
         tracing: Tracing | None = None,
     ) -> None:
         self._client = client
@@ -62,6 +64,7 @@ class Relay:
         self._metrics = metrics
         self._clock = clock
         self._tracing = tracing
+        self._retry_after_cap_s = retry_after_cap_s
         self._not_relayed = NOT_RELAYED if forward_client_credentials else NOT_RELAYED | {SET_COOKIE}
 
     async def attempt(self, request: ProxyRequest, replica: ReplicaState, send: Send) -> GatewayError | None:
@@ -90,7 +93,9 @@ class Relay:
                 retry_after_s = _retry_after_s(response.header(b"retry-after"))
                 fleet.observe(replica, status, retry_after_s)
                 body = await response.read()
-                raise upstream_status_error(status, replica.name, replica_url, body, retry_after_s)
+                raise upstream_status_error(
+                    status, replica.name, replica_url, body, retry_after_s, self._retry_after_cap_s
+                )
             headers = relay_headers(response.headers, request.x_request_id, self._not_relayed)
             if not request.stream or status != 200:
                 body = await response.read()

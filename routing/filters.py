@@ -49,7 +49,7 @@ class Gate:
             return "no_kv_room"
         return None
 
-    def admit(self, views: Sequence[ReplicaView]) -> tuple[list[ReplicaView], str]:
+    def passing(self, views: Sequence[ReplicaView]) -> tuple[list[ReplicaView], str]:
         """The views that pass every filter and, when there are none, the binding reason.
 
         The test is ``rejection``'s, written out once over the request's fields: it runs on every

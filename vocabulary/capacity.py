@@ -6,9 +6,10 @@ below the inter-token-latency guard (one more sequence slows every sequence alre
 request of ``n`` sequences taking ``n`` of them.
 Routing filters and the admission decision both ask this one question.
 
-``routable`` is the other question both ask first: may the replica take a request for this model
+``routable`` is the question admission asks first: may the replica take a request for this model
 at all now (healthy, ready, out of back-off, serving the model, and not a decode-only replica,
-which takes work only by hand-off)?
+which takes work only by hand-off)? Routing's filter chain (``routing.filters``) asks the same
+conditions one at a time, to name the one that binds when nothing passes.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def routable(view: ReplicaView, model: str, now_s: float) -> bool:
     return (
         view.healthy
         and view.ready_since_s is not None
+        and view.ready_since_s <= now_s
         and view.backoff_until_s <= now_s
         and model in view.models
         and view.role is not Role.DECODE

@@ -1,8 +1,10 @@
-"""``FleetSnapshot``: the fleet as one decision sees it, the only thing admission and routing read.
+"""``FleetSnapshot``: the fleet as one decision sees it, what admission and routing read of it.
 
 Built by the edge once per decision from its live state (health, ramp, load, capacity, last
 scrape), it is immutable, so a decision is a function of the snapshot, the request and the
-decision's own state (the queue, the prefix index); two decisions over the same snapshot agree.
+decision's own state (the queue, the prefix index, and the resident reservations the wait forecast
+reads by replica); two decisions over the same snapshot agree. Admission reads the snapshot;
+routing chooses among the candidates admission took from it.
 """
 
 from __future__ import annotations

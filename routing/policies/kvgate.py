@@ -44,9 +44,9 @@ class KvgatePolicy:
 
     def pick(self, request: RoutingRequest, replicas: Sequence[ReplicaView], gate: Gate) -> RoutingDecision:
         window = self._window(request, replicas)
-        passed, reason = gate.admit(window)
+        passed, reason = gate.passing(window)
         if not passed and len(window) < len(replicas):
-            passed, reason = gate.admit(replicas)
+            passed, reason = gate.passing(replicas)
         if not passed:
             return RoutingDecision(None, reason)
         now_s = gate.now_s

@@ -21,7 +21,7 @@ class LeastRequestPolicy:
         self._rng = rng
 
     def pick(self, request: RoutingRequest, replicas: Sequence[ReplicaView], gate: Gate) -> RoutingDecision:
-        passed, reason = gate.admit(replicas)
+        passed, reason = gate.passing(replicas)
         if not passed:
             return RoutingDecision(None, reason)
         chosen = pick_best([-float(view.load.resident_sequences) for view in passed], self._rng)

@@ -107,7 +107,7 @@ async def test_an_expired_lease_releases_a_leaked_reservation_counts_it_and_logs
         assert (await http.post("/v1/completions", json=body)).status_code == 200
         replica_id = next(iter(gw.state.replicas))
         leaked = CostEstimate(MODEL, 100, 200, 131072)
-        caplog.set_level(logging.WARNING, logger="kvgate.decide")
+        caplog.set_level(logging.WARNING, logger="kvgate.dispatch")
         assert gw.state.ledger.reserve("leaked", replica_id, leaked, time.monotonic())
         assert gw.state.ledger.totals().resident_sequences == 1
         assert await eventually(lambda: gw.state.ledger.totals() == ReplicaLoad(), timeout_s=10)

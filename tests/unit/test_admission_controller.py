@@ -92,6 +92,7 @@ def test_admits_with_candidates_that_fit_most_room_first() -> None:
     [
         {"healthy": False},
         {"ready_since_s": None},
+        {"ready_since_s": 50.0},
         {"backoff_until_s": 50.0},
         {"role": Role.DECODE},
         {"models": frozenset({"other"})},
@@ -110,11 +111,17 @@ def test_503_when_nothing_is_routable_with_retry_after_from_backoff() -> None:
     fleet.overrides["a"] = {"backoff_until_s": 2.5}
     decision = fleet.admit(req(10, 10))
     assert isinstance(decision, Refusal)
-    assert (decision.status, decision.reason, decision.retry_after_s) == (503, RefusalReason.NO_REPLICA, 3)
+    assert decision.retry_after is not None
+    assert (decision.status, decision.reason, decision.retry_after.seconds) == (
+        503,
+        RefusalReason.NO_REPLICA,
+        3,
+    )
     assert decision.retry_after.headers() == {"retry-after": "3", "retry-after-ms": "2500"}
     fleet.overrides["a"] = {"healthy": False}
     decision = fleet.admit(req(10, 10))
-    assert isinstance(decision, Refusal) and decision.retry_after_s == 7
+    assert isinstance(decision, Refusal) and decision.retry_after is not None
+    assert decision.retry_after.seconds == 7
 
 
 def test_400_when_no_replica_could_ever_hold_it() -> None:
@@ -406,3 +413,15 @@ def test_a_queued_request_is_refused_when_its_objective_runs_out_not_forwarded_l
     assert fleet.controller.expire(fleet.snapshot(9.9)) == []
     [late] = fleet.controller.expire(fleet.snapshot(9.96))
     assert late.refusal.reason is RefusalReason.TTFT_SLO
+
+
+def test_an_admitted_request_no_replica_took_gives_back_its_budget() -> None:
+    config = AdmissionConfig(tenants=(TenantConfig(name="metered", api_keys=("k",), tokens_per_min=1000),))
+    fleet = Fleet(config, {"a": 100_000})
+    tenant = fleet.controller.tenants.identify("k")
+    assert tenant is not None
+    first = req(500, 400, tenant)
+    assert isinstance(fleet.controller.admit(first, fleet.snapshot()), Admit)
+    assert isinstance(fleet.admit(req(100, 100, tenant)), Refusal), "900 + 200 of 1000 per minute"
+    fleet.controller.unadmit(first)
+    assert isinstance(fleet.admit(req(100, 100, tenant)), Admit)

@@ -202,7 +202,7 @@ def test_a_request_needs_a_slot_for_each_of_its_sequences(
     view = _view("a", ReplicaLoad(resident_sequences=resident))
     assert fits(view, 100, sequences, 8) is expected
     routing = RoutingRequest("m", 50, 50, (), sequences)
-    assert (Gate(routing, 1.0).admit([view])[0] == [view]) is expected
+    assert (Gate(routing, 1.0).passing([view])[0] == [view]) is expected
 
 
 def test_the_ledger_holds_every_sequence_and_all_their_output() -> None:

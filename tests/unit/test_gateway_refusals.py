@@ -13,7 +13,7 @@ import asyncio
 from admission.decision import Refusal, RefusalReason
 from config.loader import parse_config
 from gateway.decision_path import DecisionPath
-from gateway.errors import ServiceUnavailable, TooManyRequests, refusal_error
+from gateway.errors import ServiceUnavailable, TooManyRequests, refusal_error, upstream_status_error
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState, ProxyRequest
 
@@ -56,3 +56,19 @@ def test_no_replica_with_admission_off_sends_a_capped_retry_after() -> None:
     error = refusal_error(refusal)
     assert isinstance(error, ServiceUnavailable)
     assert dict(error.headers())[b"retry-after"] == b"60", "capped like every other Retry-After"
+
+
+def test_a_replicas_own_retry_after_is_capped_too() -> None:
+    error = upstream_status_error(429, "p-0", "http://10.0.0.1:8000", b"{}", 3600.0, 60.0)
+    headers = dict(error.headers())
+    assert (error.status, headers[b"retry-after"], headers[b"x-should-retry"]) == (429, b"60", b"false")
+    quick = dict(upstream_status_error(429, "p-0", "http://10.0.0.1:8000", b"{}", 2.5, 60.0).headers())
+    assert (quick[b"retry-after"], quick[b"retry-after-ms"]) == (b"3", b"2500")
+    assert b"x-should-retry" not in quick
+
+
+def test_a_refusal_of_an_unknown_status_is_a_bug_not_a_429() -> None:
+    import pytest
+
+    with pytest.raises(KeyError):
+        refusal_error(Refusal(413, RefusalReason.INVALID_REQUEST, "too large"))

@@ -58,10 +58,10 @@ def test_excluded_replica_is_rejected_first() -> None:
 def test_empty_result_names_the_binding_filter() -> None:
     gate = Gate(REQUEST, now_s=10.0)
     full = ReplicaLoad(reserved_kv_tokens=9_500, resident_sequences=1)
-    assert gate.admit([view("a", healthy=False), view("b", load=full)]) == ([], "no_kv_room")
-    assert gate.admit([view("a", healthy=False), view("b", ready_since_s=None)]) == ([], "not_ready")
-    assert gate.admit([]) == ([], "no_replica")
-    passed, reason = gate.admit([view("a", healthy=False), view("b")])
+    assert gate.passing([view("a", healthy=False), view("b", load=full)]) == ([], "no_kv_room")
+    assert gate.passing([view("a", healthy=False), view("b", ready_since_s=None)]) == ([], "not_ready")
+    assert gate.passing([]) == ([], "no_replica")
+    passed, reason = gate.passing([view("a", healthy=False), view("b")])
     assert [v.replica_id for v in passed] == ["b"] and reason == ""
 
 
@@ -85,7 +85,7 @@ def test_admit_passes_exactly_the_views_rejection_lets_through(
     candidates: list[ReplicaView], exclude: frozenset[str]
 ) -> None:
     gate = Gate(REQUEST, 10.0, exclude)
-    passed, reason = gate.admit(candidates)
+    passed, reason = gate.passing(candidates)
     assert passed == [v for v in candidates if gate.rejection(v) is None]
     assert (reason == "") == bool(passed)
 
