@@ -8,7 +8,7 @@ also expires overdue waits, each answered with its refusal); a refused one gets 
 A client that leaves while queued stops counting at once. ``release`` is called exactly once per
 ``Route``, in the proxy's ``finally``; the ledger's release is idempotent, so a retry that moved
 the reservation cannot release twice. While a request is served its reservation's lease is
-renewed; one its request never released runs out and is counted as expired.
+renewed (``gateway.leases``); one its request never released runs out and is counted as expired.
 """
 
 from __future__ import annotations
@@ -16,16 +16,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from admission import refusals
 from admission.controller import AdmissionController
 from admission.decision import Admit, Dispatch, Queue, Refusal
-from admission.ledger import Reservation
 from admission.pump import AdmissionPump, Placement
 from config.schema import GatewayConfig
 from gateway.fleet import Fleet
+from gateway.leases import Leases
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
 from routing.retry_budget import RetryBudget
@@ -33,7 +32,6 @@ from routing.router import Router
 from vocabulary.replica import ReplicaView
 from vocabulary.value import frozen_value
 
-log = logging.getLogger("kvgate.dispatch")
 PUMP_INTERVAL_S = 0.05
 _UNBOUNDED = 1 << 40
 
@@ -70,20 +68,12 @@ class Dispatcher:
         self.router = router
         self.retry_budget = RetryBudget.from_config(config.routing)
         self._pump: AdmissionPump[QueuedWaiter] = AdmissionPump(controller)
-        self._routed: dict[str, ProxyRequest] = {}
-        """Requests holding a reservation, by id, until released: their leases are renewed while
-        the proxy still serves them (``renew_leases``)."""
-        self._lease_s = state.ledger.lease_s
-        self._renewed_at_s = clock()
+        self.leases = Leases(state, metrics, fleet.pool_of, clock())
         self.coordination_refusal: Callable[[float], Refusal | None] = _never_refused
         """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
 
     def queued_requests(self) -> list[ProxyRequest]:
         return [request for request, _ in self._pump.waiters()]
-
-    def routed_requests(self) -> list[ProxyRequest]:
-        """Requests holding a reservation, each on ``request.replica`` once the proxy sent it."""
-        return list(self._routed.values())
 
     async def admit(self, request: ProxyRequest) -> Route | Refusal:
         assert request.admission is not None, "priced before admitted"
@@ -144,7 +134,7 @@ class Dispatcher:
             request.request_id, replica.replica_id, request.admission.cost, now_s
         ):
             raise RuntimeError(f"request {request.request_id} already holds a reservation")
-        self._routed[request.request_id] = request
+        self.leases.hold(request)
         request.tried.append(replica.replica_id)
         return Route(replica)
 
@@ -187,14 +177,11 @@ class Dispatcher:
         return Placement.PLACED
 
     def tick(self) -> None:
-        """Renew the leases of requests in flight, release reservations whose lease ran out, expire
-        overdue waits (each answered with its 429) and dispatch what fits."""
+        """Keep the leases (``Leases.upkeep``), expire overdue waits (each answered with its 429)
+        and dispatch what fits."""
         now_s = self._clock()
-        if now_s - self._renewed_at_s >= self._lease_s / 3:
-            self.renew_leases(now_s)
-        lapsed = self._state.ledger.expire(now_s)
-        if lapsed:
-            self._count_expired(lapsed)
+        if self.leases.upkeep(now_s):
+            self.pump()
         if not len(self._pump):
             return
         for (request, future), refusal in self._pump.expire(self._fleet.snapshot(now_s)):
@@ -203,32 +190,6 @@ class Dispatcher:
                 self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
                 future.set_result(refusal)
         self._state.queued = len(self._pump)
-        self.pump()
-
-    def renew_leases(self, now_s: float) -> None:
-        """Renew the reservation of every request the proxy still serves; a finished request that
-        still holds one leaked it, and its lease is left to run out."""
-        self._renewed_at_s = now_s
-        ledger = self._state.ledger
-        for request_id, request in list(self._routed.items()):
-            if request.finished:
-                del self._routed[request_id]
-            else:
-                ledger.renew(request_id, now_s)
-
-    def _count_expired(self, expired: Sequence[Reservation]) -> None:
-        for held in expired:
-            replica = self._state.replicas.get(held.replica_id)
-            pool = replica.pool if replica is not None else self._fleet.pool_of(held.cost.model)
-            self._metrics.count_expired(pool)
-            log.warning(
-                "reservation of request %s on replica %s (%d KV tokens) expired after its %g s lease "
-                "and was released: its request never released it",
-                held.request_id,
-                held.replica_id,
-                held.kv_tokens,
-                self._lease_s,
-            )
         self.pump()
 
     async def run(self) -> None:
@@ -260,7 +221,7 @@ class Dispatcher:
         """The request is over: its reservation goes back, its tenant is refunded what its worst case
         over-charged, and queued work that fits now is dispatched."""
         self._state.ledger.release(request.request_id)
-        self._routed.pop(request.request_id, None)
+        self.leases.drop(request)
         admission = request.admission
         if admission is not None and request.prompt_tokens is not None:
             used = request.prompt_tokens + (request.completion_tokens or 0)

@@ -2,9 +2,10 @@
 
 Hop-by-hop headers (RFC 9110 section 7.6.1, and any that a ``Connection`` header names) go neither
 way. The client's ``X-Request-Id`` is echoed and forwarded when it is 1 to 128 visible ASCII
-characters; otherwise the gateway's own id stands in. Credentials are decided elsewhere: the
-client's ``Authorization`` and ``Cookie`` are dropped at pricing and a replica's ``Set-Cookie`` at
-relay unless ``server.forward_client_credentials``.
+characters; otherwise the gateway's own id stands in. The client's ``Authorization`` and
+``Cookie`` reach replicas (``upstream_headers``), and a replica's ``Set-Cookie`` reaches the client
+(``NOT_RELAYED``), only under ``server.forward_client_credentials``; the client's key still
+identifies its tenant at pricing.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ _PLAIN_CONNECTION = frozenset({b"keep-alive", b"close"})
 """Connection options that name no header: nothing more to drop for them."""
 NOT_RELAYED = _HOP_BY_HOP | {b"proxy-authenticate", b"date", b"server", REQUEST_ID_HEADER}
 SET_COOKIE = b"set-cookie"
+_CLIENT_CREDENTIALS = frozenset({b"authorization", b"cookie"})
 
 
 def scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, int | None, list[tuple[bytes, bytes]]]:
@@ -60,6 +62,17 @@ def scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str, int | None, list[
             # Headers the client's Connection names are hop-by-hop (RFC 9110 section 7.6.1).
             forward = [header for header in forward if header[0] not in named]
     return x_request_id, content_length, forward
+
+
+def upstream_headers(
+    forward: list[tuple[bytes, bytes]], x_request_id: str, forward_credentials: bool
+) -> list[tuple[bytes, bytes]]:
+    """What is sent to a replica: the client's forwardable headers, without its ``Authorization``
+    and ``Cookie`` unless ``server.forward_client_credentials``, plus the request id (a pool's
+    ``api_key`` is added per attempt, by the relay)."""
+    if not forward_credentials:
+        forward = [header for header in forward if header[0] not in _CLIENT_CREDENTIALS]
+    return [*forward, (REQUEST_ID_HEADER, x_request_id.encode())]
 
 
 def client_request_id(value: bytes) -> str:

@@ -35,7 +35,6 @@ from routing.request import RoutingRequest
 
 log = logging.getLogger("kvgate.pricing")
 CHAT_PATH = "/v1/chat/completions"
-_CLIENT_CREDENTIALS = frozenset({b"authorization", b"cookie"})
 
 
 class Pricer:
@@ -43,7 +42,6 @@ class Pricer:
         self._state = state
         self._config = config.admission
         self._tenants = tenants
-        self._forward_credentials = config.server.forward_client_credentials
         self.encoder = PromptEncoder(config.models)
         self.session: aiohttp.ClientSession | None = None
         """For counting by a replica's ``/tokenize``; set when the gateway starts."""
@@ -53,10 +51,6 @@ class Pricer:
         if tenant is None:
             return Refusal(401, RefusalReason.UNAUTHORIZED, "Incorrect API key provided.")
         request.tenant = tenant.name
-        if not self._forward_credentials:
-            request.upstream_headers = [
-                h for h in request.upstream_headers if h[0] not in _CLIENT_CREDENTIALS
-            ]
         chat = request.endpoint == CHAT_PATH
         batch = None if chat else batch_of(request.body)
         work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)

@@ -40,7 +40,7 @@ from gateway.errors import (
     ServiceUnavailable,
     refusal_error,
 )
-from gateway.forwarding import REQUEST_ID_HEADER, scan_headers
+from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
@@ -87,6 +87,7 @@ class Proxy:
         self._access_log = access_log
         self._tracing = tracing
         self._max_body_bytes = server.max_body_bytes
+        self._forward_credentials = server.forward_client_credentials
         self.stopping = False
         """Set when the drain time is up: a request cancelled then is ended for the client (a 503,
         or an error event and ``[DONE]`` on a stream already started) instead of being cut."""
@@ -240,7 +241,7 @@ class Proxy:
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise BadRequest("`stream` must be a boolean", param="stream")
-        headers = [*forward, (REQUEST_ID_HEADER, x_request_id.encode())]
+        headers = upstream_headers(forward, x_request_id, self._forward_credentials)
         injected = False
         if stream:
             options = body.get("stream_options")

@@ -107,7 +107,7 @@ async def test_an_expired_lease_releases_a_leaked_reservation_counts_it_and_logs
         assert (await http.post("/v1/completions", json=body)).status_code == 200
         replica_id = next(iter(gw.state.replicas))
         leaked = CostEstimate(MODEL, 100, 200, 131072)
-        caplog.set_level(logging.WARNING, logger="kvgate.dispatch")
+        caplog.set_level(logging.WARNING, logger="kvgate.leases")
         assert gw.state.ledger.reserve("leaked", replica_id, leaked, time.monotonic())
         assert gw.state.ledger.totals().resident_sequences == 1
         assert await eventually(lambda: gw.state.ledger.totals() == ReplicaLoad(), timeout_s=10)
@@ -150,7 +150,7 @@ async def test_a_retry_goes_only_where_admission_would_admit_it() -> None:
             holder = asyncio.create_task(http.post("/v1/completions", json=body))
             assert await eventually(lambda: gw.state.ledger.totals().resident_sequences == 1)
             (busy,) = [
-                r.replica.replica_id for r in gw.gateway.path.dispatcher.routed_requests() if r.replica
+                r.replica.replica_id for r in gw.gateway.path.dispatcher.leases.requests() if r.replica
             ]
             idle = next(i for i, url in enumerate(fleet.urls) if url != busy)
             await fleet.kill(idle)

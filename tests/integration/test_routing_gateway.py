@@ -65,7 +65,7 @@ async def test_a_killed_replica_ends_its_streams_cleanly_others_go_elsewhere_and
             await asyncio.gather(*(e.wait() for e in events))
             on_dead = {
                 request.x_request_id
-                for request in gw.gateway.path.dispatcher.routed_requests()
+                for request in gw.gateway.path.dispatcher.leases.requests()
                 if request.replica is not None and request.replica.replica_id == dead
             }
             assert on_dead, "the least-load policy spreads six streams over both replicas"
