@@ -2,41 +2,35 @@
 
 Admission decides *whether*; routing decides *where*. ``admit`` answers ``Admit`` with every
 routable replica that has KV room for the request's worst case and a slot under the
-inter-token-latency guard for each of its sequences (the one ``vocabulary.capacity.fits`` question), ``Queue``
-when the expected wait fits the request's budget (``max_queue_wait_s``, or the client's own timeout
-when shorter), and ``Refusal`` otherwise: 429 with a Retry-After for overload (KV capacity, a full
-queue, a tenant's budget, a deadline the wait would miss), 503 when no replica can serve the model
-at all, 400 when no replica could ever hold the request (its worst-case KV, or a slot under the
-guard for each of its sequences). A newcomer never takes capacity that queued work of the same or
-higher priority would get first: it is placed in the queue's order and admitted only if the walk
-over that order, on a simulated copy of the fleet, reaches it with room to spare. A refusal for
-capacity is also a promise (``admission.promises``): its Retry-After is a booked slot behind queued
-and promised work, due promises count as work ahead of the same and lower classes, and the request
-coming back on time claims the slot at the head of its class. With nothing queued and no promise
-due, the decision is one pass over the replicas.
+inter-token-latency guard for each of its sequences (``vocabulary.capacity.fits``), ``Queue`` when
+the expected wait fits the request's budget (``admission.deadline``: the queue's limit, the client's
+timeout, the model's TTFT objective less its prefill), and a ``Refusal`` otherwise
+(``admission.refusals``): 429 with a Retry-After for overload, 503 when no replica can serve the
+model, 400 when no replica could ever hold the request. A newcomer never takes capacity that queued
+work of the same or higher priority would get first: it is admitted only if the walk over the
+queue's order, on a simulated copy of the fleet (``admission.placement``), reaches it with room to
+spare. A refusal for capacity is also a promise (``admission.promises``): a booked slot behind queued
+and promised work that the request, coming back on time, claims at the head of its class. With
+nothing queued and no promise due, the decision is one pass over the replicas.
 
 Every path is synchronous and reads the fleet from one ``FleetSnapshot``; the edge performs the
-effects (reserve, wait on a ticket, answer), and ``AdmissionPump`` (``admission.pump``) drives the
-queue side: ``on_capacity_freed`` after each release or fleet change, ``expire`` on a timer and
-``cancel`` when a queued client disconnects. The wording of every refusal is in
-``admission.refusals``, the simulated fleet of the queue walk in ``admission.placement`` and the
-expected wait in ``admission.forecast``.
+effects, and ``AdmissionPump`` (``admission.pump``) drives the queue side: ``on_capacity_freed``
+after each release or fleet change, ``expire`` on a timer, ``cancel`` when a queued client leaves.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from admission import refusals
 from admission.calibration import Calibration
+from admission.deadline import WaitBound, wait_budget
 from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Expired, Queue, Refusal
 from admission.forecast import WaitForecast
 from admission.ledger import Ledger
 from admission.placement import after_promises, fleet_placer
-from admission.promises import Promise, PromiseBook, fingerprint
+from admission.promises import PromiseBook, PromiseCounts
 from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
-from admission.refusals import WaitBound
 from admission.retry_after import ServiceRates
 from admission.tenants import TenantDirectory
 from config.admission import AdmissionConfig
@@ -60,6 +54,8 @@ class AdmissionController:
             config.queue_max_requests, config.queue_max_tokens, config.head_of_line_max_wait_s
         )
         self._next_ticket = 1
+        self._claimed = False
+        """Set by ``_admit`` when the request claimed its promise: ``admit`` counts the outcome."""
         self._promises = PromiseBook(config.promise_grace_s)
         self._forecast = WaitForecast(
             ledger,
@@ -76,7 +72,24 @@ class AdmissionController:
         """Feed smoothed inter-token latency and prefill rate (from the edge's measurements)."""
         self._forecast.rates = rates
 
+    @property
+    def promise_counts(self) -> PromiseCounts:
+        return self._promises.counts
+
     def admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
+        """Admit, queue or refuse ``request`` over ``fleet``; a promise it came back to claim is
+        counted kept or broken by the answer."""
+        self._claimed = False
+        decision = self._admit(request, fleet)
+        if self._claimed:
+            counts = self._promises.counts
+            if isinstance(decision, Refusal):
+                counts.broken += 1
+            else:
+                counts.kept += 1
+        return decision
+
+    def _admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
         now_s = fleet.now_s
         self._promises.expire(now_s)
         cost = request.cost
@@ -99,14 +112,14 @@ class AdmissionController:
             if fits(v, kv_tokens, sequences, slots):
                 fitting.append(v)
         if not serving:
-            return self._no_replica(model, fleet)
+            return refusals.none_serving(model, fleet, self.config)
         if kv_tokens > largest:
             return refusals.too_large(cost, largest)
         if sequences > most_slots:
             return refusals.too_many_sequences(cost, most_slots)
         tenant = request.tenant
         rank = tenant.priority.rank
-        promise = self._returning(request)
+        promise = self._promises.returning(request)
         if promise is not None and now_s < promise.due_s - self._promises.grace_s:
             free_now = (
                 fitting
@@ -120,6 +133,7 @@ class AdmissionController:
             return refusals.over_budget(tenant, kv_tokens, budget_wait_s, self.config)
         if promise is not None:
             self._promises.remove(promise)
+            self._claimed = True
         ticket = self._take_ticket()
         if fitting and not self._queue.has_work_at_or_above(rank) and not self._promises.has_due(now_s, rank):
             if len(fitting) > 1:
@@ -254,22 +268,10 @@ class AdmissionController:
         self._promises.expire(now_s)
         return dataclasses.replace(self._queue.stats(now_s), promised_requests=len(self._promises))
 
-    def _returning(self, request: AdmissionRequest) -> Promise | None:
-        """The promise this request comes back to claim, if any."""
-        if request.body is None or not request.retry_count or not len(self._promises):
-            return None
-        return self._promises.find((request.tenant.name, fingerprint(request.body)))
-
     def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> None:
-        """Book the refused request a slot at its Retry-After, if it can be recognised and the
-        queue's bounds leave room. The promise keeps the request's tenant and cost, not its body."""
-        if request.body is None or request.retry_count is None or not math.isfinite(expected_s):
-            return
-        if expected_s > self.config.retry_after_cap_s:
-            return  # told not to retry (``x-should-retry: false``): no slot to hold
+        """Book the refused request a slot at its Retry-After when the queue's bounds leave room."""
         if self._has_room(request.cost.kv_tokens):
-            key = (request.tenant.name, fingerprint(request.body))
-            self._promises.book(key, dataclasses.replace(request, body=None), now_s + expected_s)
+            self._promises.offer(request, expected_s, now_s, self.config.retry_after_cap_s)
 
     def _has_room(self, kv_tokens: int) -> bool:
         return self._queue.has_room(kv_tokens, len(self._promises), self._promises.kv_tokens)
@@ -312,31 +314,9 @@ class AdmissionController:
         return ticket
 
     def _wait_budget(self, request: AdmissionRequest) -> tuple[float, WaitBound]:
-        """How long the request may wait in the queue, and what bounds it: the queue's limit, the
-        client's own timeout, or the model's TTFT objective less the request's own prefill."""
-        budget_s, bound = self.config.max_queue_wait_s, WaitBound.QUEUE_LIMIT
-        timeout_s = request.client_timeout_s
-        if timeout_s is not None and timeout_s < budget_s:
-            budget_s, bound = timeout_s, WaitBound.CLIENT_TIMEOUT
-        slo_s = self.config.model_rules(request.model).ttft_slo_s
-        if slo_s is not None:
-            slo_budget_s = slo_s - request.cost.prompt_tokens / self.rates.prefill_tokens_per_s
-            if slo_budget_s < budget_s:
-                budget_s, bound = max(0.0, slo_budget_s), WaitBound.TTFT_SLO
-        return budget_s, bound
+        return wait_budget(request, self.config, self.rates.prefill_tokens_per_s)
 
     def _max_active(self, view: ReplicaView) -> int:
         """The guard: the configured limit, or the replica's own sequence slots when fewer."""
         limit = self.config.max_active_sequences_per_replica
         return view.max_sequences if 0 < view.max_sequences < limit else limit
-
-    def _no_replica(self, model: str, fleet: FleetSnapshot) -> Refusal:
-        """None can serve ``model`` now: back when the first backed-off replica is due, if any."""
-        now_s = fleet.now_s
-        back_s = [
-            v.backoff_until_s - now_s
-            for v in fleet.replicas
-            if model in v.models and v.healthy and v.ready_since_s is not None and v.backoff_until_s > now_s
-        ]
-        wait_s = min(back_s) if back_s else self.config.no_replica_retry_after_s
-        return refusals.no_replica(f"No replica serving '{model}' is available.", wait_s, self.config)

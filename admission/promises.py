@@ -27,7 +27,9 @@ or more) from a first attempt (0), which never claims.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -56,11 +58,25 @@ class Promise:
         return self.request.tenant.priority.rank
 
 
+@dataclass(slots=True)
+class PromiseCounts:
+    """What became of the promises booked since start: the figures that say whether a Retry-After
+    can be trusted. ``kept``: the refused request came back in its window and was admitted or queued
+    at the head of its class; ``broken``: it came back in its window and was refused all the same;
+    ``lapsed``: it did not come back in time."""
+
+    made: int = 0
+    kept: int = 0
+    broken: int = 0
+    lapsed: int = 0
+
+
 class PromiseBook:
     """Booked promises, ordered by slot time; every operation is at most linear in their number."""
 
     def __init__(self, grace_s: float) -> None:
         self.grace_s = grace_s
+        self.counts = PromiseCounts()
         self._by_id: dict[int, Promise] = {}
         self._by_key: dict[PromiseKey, list[int]] = {}
         self._order: list[tuple[float, int]] = []
@@ -81,7 +97,25 @@ class PromiseBook:
         bisect.insort(self._order, (due_s, promise.promise_id))
         self.kv_tokens += promise.kv_tokens
         self._add_sums(promise, +1)
+        self.counts.made += 1
         return promise
+
+    def offer(self, request: AdmissionRequest, expected_s: float, now_s: float, cap_s: float) -> None:
+        """Book a refused request a slot at its Retry-After, when it can be recognised coming back
+        (it says how often it tried) and was told to come back (the wait is within ``cap_s``; past
+        it the client was told not to retry). The promise keeps its tenant and cost, not its body."""
+        if request.body is None or request.retry_count is None or not math.isfinite(expected_s):
+            return
+        if expected_s <= cap_s:
+            key = (request.tenant.name, fingerprint(request.body))
+            self.book(key, dataclasses.replace(request, body=None), now_s + expected_s)
+
+    def returning(self, request: AdmissionRequest) -> Promise | None:
+        """The promise ``request`` comes back to claim: booked for its tenant and body, and the
+        request says it is a retry (a first attempt never claims, even with the same body)."""
+        if request.body is None or not request.retry_count or not self._by_id:
+            return None
+        return self.find((request.tenant.name, fingerprint(request.body)))
 
     def find(self, key: PromiseKey) -> Promise | None:
         """The earliest promise booked under ``key``."""
@@ -108,6 +142,7 @@ class PromiseBook:
         while self._order and self._order[0][0] + self.grace_s < now_s:
             self.remove(self._by_id[self._order[0][1]])
             released += 1
+        self.counts.lapsed += released
         return released
 
     def due(self, now_s: float) -> Iterator[Promise]:

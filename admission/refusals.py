@@ -9,14 +9,14 @@ one itself.
 
 from __future__ import annotations
 
-from enum import Enum
-
 from admission.cost import CostEstimate
+from admission.deadline import WaitBound
 from admission.decision import Refusal, RefusalReason
 from admission.queue import QueueStats
 from admission.retry_after import retry_after
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig
+from vocabulary.snapshot import FleetSnapshot
 
 
 def too_large(cost: CostEstimate, largest_kv_tokens: int) -> Refusal:
@@ -64,15 +64,6 @@ def place_held(model: str, due_in_s: float, config: AdmissionConfig) -> Refusal:
     return _come_back(429, RefusalReason.KV_CAPACITY, text, due_in_s, config)
 
 
-class WaitBound(Enum):
-    """What limits how long a request may wait in the queue: the reason it is refused when its
-    expected wait is longer."""
-
-    QUEUE_LIMIT = RefusalReason.KV_CAPACITY
-    CLIENT_TIMEOUT = RefusalReason.DEADLINE
-    TTFT_SLO = RefusalReason.TTFT_SLO
-
-
 def overload(
     model: str, expected_s: float, budget_s: float, bound: WaitBound, config: AdmissionConfig
 ) -> Refusal:
@@ -96,6 +87,18 @@ def overload(
             f"exceeds the {budget_s:.1f} s queue limit."
         )
     return _come_back(429, bound.value, text, expected_s, config)
+
+
+def none_serving(model: str, fleet: FleetSnapshot, config: AdmissionConfig) -> Refusal:
+    """No replica can serve ``model`` now: back when the first backed-off one is due, if any."""
+    now_s = fleet.now_s
+    back_s = [
+        v.backoff_until_s - now_s
+        for v in fleet.replicas
+        if model in v.models and v.healthy and v.ready_since_s is not None and v.backoff_until_s > now_s
+    ]
+    wait_s = min(back_s) if back_s else config.no_replica_retry_after_s
+    return no_replica(f"No replica serving '{model}' is available.", wait_s, config)
 
 
 def no_replica(message: str, wait_s: float, config: AdmissionConfig) -> Refusal:

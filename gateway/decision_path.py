@@ -42,6 +42,7 @@ class DecisionPath:
         clock: Callable[[], float] = time.monotonic,
     ) -> DecisionPath:
         controller = AdmissionController(config.admission, state.ledger)
+        metrics.bind_promises(lambda: controller.promise_counts)
         router = Router(config.routing, random.Random(config.routing.seed))
         fleet = Fleet(state, config, metrics, router, clock)
         for pool in config.pools:

@@ -101,7 +101,7 @@ class Dispatcher:
             message = f"No replica serving '{model}' can take the request now."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
         self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=model)
-        return await self._wait(request, decision)
+        return await self._wait(request, decision, now_s)
 
     def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
         """Admission off: route among every healthy replica as if each had unbounded KV room."""
@@ -138,7 +138,7 @@ class Dispatcher:
         request.tried.append(replica.replica_id)
         return Route(replica)
 
-    async def _wait(self, request: ProxyRequest, queued: Queue) -> Route | Refusal:
+    async def _wait(self, request: ProxyRequest, queued: Queue, queued_at_s: float) -> Route | Refusal:
         future: asyncio.Future[Route | Refusal] = asyncio.get_running_loop().create_future()
         self._pump.wait(queued.ticket, (request, future))
         self._state.queued = len(self._pump)
@@ -151,9 +151,13 @@ class Dispatcher:
             raise
         finally:
             self._state.queued = len(self._pump)
-        request.queue_wait_s = self._clock() - request.arrived_s
-        self._metrics.observe_queue_wait(
-            self._fleet.pool_of(request.model), request.model, request.queue_wait_s
+        now_s = self._clock()
+        request.queue_wait_s = now_s - request.arrived_s
+        pool = self._fleet.pool_of(request.model)
+        self._metrics.observe_queue_wait(pool, request.model, request.queue_wait_s)
+        budget_s = queued.expires_at_s - queued_at_s
+        self._metrics.observe_queue_forecast(
+            pool, request.model, now_s - queued_at_s, queued.expected_wait_s, budget_s
         )
         return outcome
 

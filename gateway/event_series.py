@@ -45,6 +45,26 @@ ITL_BUCKETS_S = (0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 
 QUEUE_WAIT_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 E2E_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
 TOKENIZER_RATIO_BUCKETS = (0.5, 0.7, 0.8, 0.9, 0.95, 0.98, 1.0, 1.02, 1.05, 1.1, 1.2, 1.5, 2.0)
+FORECAST_ERROR_BUCKETS_S = (
+    -30.0,
+    -10.0,
+    -5.0,
+    -2.0,
+    -1.0,
+    -0.5,
+    -0.25,
+    -0.1,
+    0.0,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+    30.0,
+)
+WAIT_BUDGET_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
 HISTOGRAMS = (
     "kvgate_time_to_first_token_seconds",
@@ -52,6 +72,8 @@ HISTOGRAMS = (
     "kvgate_queue_wait_seconds",
     "kvgate_request_duration_seconds",
     "kvgate_tokenizer_estimate_ratio",
+    "kvgate_queue_wait_forecast_error_seconds",
+    "kvgate_queue_wait_budget_ratio",
 )
 """Every histogram, without its ``_bucket`` / ``_sum`` / ``_count`` suffixes."""
 COUNTERS = (
@@ -101,6 +123,7 @@ class EventSeries:
         "e2e",
         "ejections",
         "expired",
+        "forecast_error",
         "itl",
         "output_tokens",
         "prompt_tokens",
@@ -110,6 +133,7 @@ class EventSeries:
         "tokenizer_ratio",
         "ttft",
         "upstream_errors",
+        "wait_budget",
     )
 
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -194,6 +218,20 @@ class EventSeries:
             "kvgate_replica_ejections",
             "Times a replica was ejected from routing by passive or active health checks.",
             ["pool", "replica"],
+        )
+        self.forecast_error = histogram(
+            "kvgate_queue_wait_forecast_error_seconds",
+            "A queued request's actual wait minus the wait admission predicted when it queued it "
+            "(negative: it went sooner than predicted), observed when it leaves the queue.",
+            POOL_MODEL,
+            FORECAST_ERROR_BUCKETS_S,
+        )
+        self.wait_budget = histogram(
+            "kvgate_queue_wait_budget_ratio",
+            "A queued request's wait over the wait it could afford (the queue limit, its client's "
+            "timeout or its model's TTFT objective less its prefill); 1: refused at its deadline.",
+            POOL_MODEL,
+            WAIT_BUDGET_BUCKETS,
         )
 
 

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.exposition import generate_latest
 
 from admission.coordination import CoordinationStatus
+from admission.promises import PromiseCounts
 from gateway.collectors import Buckets, Count
 from gateway.errors import GatewayError
 from gateway.event_series import (
@@ -43,7 +44,7 @@ from gateway.pool_work import PoolWork, PoolWorkSource
 from gateway.signals_window import Clock, SignalsWindow
 from gateway.sliding_windows import CountWindow, LatencyWindow, ServedWindow
 from gateway.state import ReplicaState
-from gateway.state_gauges import BuildInfo, CoordinationGauges, WorkGauges
+from gateway.state_gauges import BuildInfo, CoordinationGauges, PromiseCounters, WorkGauges
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,8 @@ class _Series:
     e2e: Buckets
     prompt_tokens: Count
     output_tokens: Count
+    forecast_error: Buckets
+    wait_budget: Buckets
     ttft_window: LatencyWindow
     itl_window: LatencyWindow
     queue_wait_window: LatencyWindow
@@ -144,6 +147,8 @@ class GatewayMetrics:
                 e2e=events.e2e.labels(pool, model),
                 prompt_tokens=events.prompt_tokens.labels(pool, model),
                 output_tokens=events.output_tokens.labels(pool, model),
+                forecast_error=events.forecast_error.labels(pool, model),
+                wait_budget=events.wait_budget.labels(pool, model),
                 ttft_window=windows.ttft,
                 itl_window=windows.itl,
                 queue_wait_window=windows.queue_wait,
@@ -161,6 +166,15 @@ class GatewayMetrics:
         series = self._series.get((pool, model)) or self._series_for(pool, model)
         series.queue_wait.observe(seconds)
         series.queue_wait_window.observe(seconds, self._clock())
+
+    def observe_queue_forecast(
+        self, pool: str, model: str, waited_s: float, predicted_s: float, budget_s: float
+    ) -> None:
+        """A request left the queue (dispatched or refused at its deadline): how far the predicted
+        wait was off, and how much of the wait it could afford it used."""
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        series.forecast_error.observe(waited_s - predicted_s)
+        series.wait_budget.observe(min(1.0, waited_s / budget_s) if budget_s > 0 else 1.0)
 
     def record_response(
         self,
@@ -276,6 +290,10 @@ class GatewayMetrics:
             self._events.ejections.remove(*series.labels)
             for kind in UPSTREAM_ERROR_KINDS:
                 self._events.upstream_errors.remove(*series.labels, kind)
+
+    def bind_promises(self, counts: Callable[[], PromiseCounts]) -> None:
+        """Export ``kvgate_promises_total``, read from ``counts`` at every scrape."""
+        self.registry.register(PromiseCounters(counts))
 
     def bind_coordination(self, status: Callable[[], CoordinationStatus]) -> None:
         """Export the coordination gauges, asking ``status`` at every scrape; the error kinds start at 0."""

@@ -14,10 +14,11 @@ import importlib.metadata
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from admission.coordination import CoordinationStatus
+from admission.promises import PromiseCounts
 from gateway.pool_work import PoolWork
 from gateway.signals_window import Desired
 
@@ -44,6 +45,8 @@ COORDINATION_SERIES = (
     "kvgate_coordination_errors_total",
 )
 """Exported only when Redis coordination is configured (``bind_coordination``)."""
+PROMISE_OUTCOMES = ("made", "kept", "broken", "lapsed")
+"""What became of a promised slot (``admission.promises.PromiseCounts``)."""
 
 
 class WorkGauges(Collector):
@@ -185,6 +188,29 @@ class CoordinationGauges(Collector):
         if status.last_sync_age_s is not None:
             age.add_metric([], status.last_sync_age_s)
         return [up, age]
+
+
+class PromiseCounters(Collector):
+    """``kvgate_promises_total``: the admission controller's promise counts, read at scrape time."""
+
+    def __init__(self, counts: Callable[[], PromiseCounts]) -> None:
+        self._counts = counts
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        counts = self._counts()
+        family = CounterMetricFamily(
+            "kvgate_promises",
+            "Slots promised to refused requests at their Retry-After, by outcome: made (booked), kept "
+            "(the request came back in its window and was admitted or queued first), broken (it came "
+            "back in its window and was refused all the same), lapsed (it did not come back in time).",
+            labels=["outcome"],
+        )
+        for outcome in PROMISE_OUTCOMES:
+            family.add_metric([outcome], float(getattr(counts, outcome)))
+        return [family]
 
 
 class BuildInfo(Collector):

@@ -284,3 +284,19 @@ def test_a_wait_beyond_what_clients_wait_is_said_and_never_promised() -> None:
     assert first.retry_after is not None and first.retry_after.expected_s > 1.0
     assert first.retry_after.headers()["x-should-retry"] == "false"
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 0, "no slot held for it"
+
+
+def test_promises_are_counted_made_kept_and_lapsed() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    refused(fleet, freq(b"d"))
+    counts = fleet.controller.promise_counts
+    assert (counts.made, counts.kept, counts.broken, counts.lapsed) == (2, 0, 0, 0)
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
+    assert (counts.kept, counts.broken) == (1, 0)
+    fleet.now_s += 1000.0
+    fleet.controller.expire(fleet.snapshot())
+    assert counts.lapsed == 1, "d never came back"

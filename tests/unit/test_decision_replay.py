@@ -110,7 +110,7 @@ def config() -> Any:
                     {"name": "batch", "api_keys": ["sk-batch"], "tokens_per_min": 40000},
                 ],
                 "max_active_sequences_per_replica": 6,
-                "queue_max_requests": 12,
+                "queue_max_requests": 24,
                 "max_queue_wait_s": 4.0,
                 "models": {"m": {"ttft_slo_s": 4.5}},
             },
@@ -163,7 +163,7 @@ def trace(seed: int = 11, count: int = 260) -> list[Planned]:
                 ),
                 stream=stream,
                 fails_first=rng.random() < 0.05,
-                leaves_after_s=round(rng.uniform(0.2, 2.0), 3) if rng.random() < 0.08 else None,
+                leaves_after_s=round(rng.uniform(0.02, 0.5), 3) if rng.random() < 0.15 else None,
             )
         )
     return planned
@@ -188,8 +188,7 @@ def proxy_request(plan: Planned, attempt: int) -> ProxyRequest:
     raw = orjson.dumps(plan.body)
     headers = [(b"authorization", f"Bearer {plan.key}".encode())]
     headers += [(k.encode(), v.encode()) for k, v in plan.headers.items()]
-    if attempt:
-        headers.append((b"x-stainless-retry-count", str(attempt).encode()))
+    headers.append((b"x-stainless-retry-count", str(attempt).encode()))  # as the openai SDKs send it
     endpoint = "/v1/chat/completions" if "messages" in plan.body else "/v1/completions"
     return ProxyRequest(
         f"req-{plan.index}-{attempt}",
@@ -285,7 +284,7 @@ async def run_replay(plans: list[Planned]) -> dict[str, Any]:
 
             task = asyncio.ensure_future(decide())
             loop_tasks.append(task)
-            if plan.leaves_after_s is not None and attempt == 0:
+            if plan.leaves_after_s is not None:
 
                 def leave() -> None:
                     if not task.done():

@@ -5,6 +5,7 @@ import platform
 from collections.abc import Iterable
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from admission.coordination import CoordinationStatus
@@ -30,7 +31,7 @@ from gateway.replica_http import (
     ReplicaTimeout,
 )
 from gateway.state import ReplicaState, replica_name
-from gateway.state_gauges import COORDINATION_SERIES, INFO_GAUGES, WORK_GAUGES
+from gateway.state_gauges import COORDINATION_SERIES, INFO_GAUGES, PROMISE_OUTCOMES, WORK_GAUGES
 from vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -78,6 +79,7 @@ def populated(clock: FakeClock | None = None) -> GatewayMetrics:
     for pool in ("prefill", "decode"):
         metrics.observe_ttft(pool, MODEL, 0.4)
         metrics.observe_queue_wait(pool, MODEL, 0.1)
+        metrics.observe_queue_forecast(pool, MODEL, 0.1, 0.3, 2.0)
         metrics.record_response(pool, MODEL, None, 3.0, (0.02,), 120, 30, estimated_prompt_tokens=60)
         metrics.count_decision("admit", "fits", pool=pool, model=MODEL)
         metrics.set_desired_replicas(pool, 3, "hold")
@@ -444,3 +446,27 @@ def test_response_and_replica_children_are_cached() -> None:
         metrics.observe_health(r, ejected=False)
         metrics.count_upstream_error(r, ReplicaDisconnected("closed"))
     assert (len(metrics._relayed), len(metrics._refused), len(metrics._replicas)) == sizes
+
+
+def test_queue_forecast_is_recorded_as_error_and_share_of_budget() -> None:
+    metrics = GatewayMetrics(clock=FakeClock())
+    metrics.observe_queue_forecast("p", MODEL, 1.5, 1.0, 3.0)
+    metrics.observe_queue_forecast("p", MODEL, 4.0, 1.0, 4.0)
+    series = samples(metrics)
+    error = "kvgate_queue_wait_forecast_error_seconds"
+    assert value(series, error + "_sum", pool="p") == pytest.approx(0.5 + 3.0)
+    assert value(series, error + "_bucket", pool="p", le="0.5") == 1
+    ratio = "kvgate_queue_wait_budget_ratio"
+    assert value(series, ratio + "_bucket", pool="p", le="0.5") == 1, "1.5 of 3 s"
+    assert value(series, ratio + "_bucket", pool="p", le="0.99") == 1, "the other at its deadline"
+
+
+def test_promise_outcomes_are_read_at_scrape_time() -> None:
+    from admission.promises import PromiseCounts
+
+    counts = PromiseCounts()
+    metrics = GatewayMetrics(clock=FakeClock())
+    metrics.bind_promises(lambda: counts)
+    counts.made, counts.kept, counts.lapsed = 3, 2, 1
+    series = samples(metrics)
+    assert [value(series, "kvgate_promises_total", outcome=o) for o in PROMISE_OUTCOMES] == [3, 2, 0, 1]
