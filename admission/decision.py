@@ -44,6 +44,9 @@ class AdmissionRequest:
     retry_count: int | None = None
     """The client's own count of earlier attempts (openai SDKs' ``x-stainless-retry-count``), when
     sent: 0 marks a first attempt, which never claims a promise even if an identical body holds one."""
+    request_key: str | None = None
+    """The client's own identity for this request (``Idempotency-Key``, the same on every attempt),
+    when it sends one: what its promise is booked under (``admission.promises.promise_key``)."""
 
     @property
     def model(self) -> str:

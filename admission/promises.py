@@ -1,27 +1,29 @@
 """Retry-After as a promise: the slots booked for refused requests, and who may claim them.
 
 Under sustained overload a correct drain-time estimate is still not a place in line: the capacity
-that frees at the predicted instant goes to whoever asks then, usually a new arrival, and the
-client that waited as told is refused again (14-28 % first-retry success at a 2 s queue limit). So a
+that frees at the predicted instant goes to whoever asks then, usually a new arrival, and the client
+that waited as told is refused again (14-28 % first-retry success at a 2 s queue limit). So a
 refusal for capacity books the request a slot in a virtual queue of promised returns: the slot's
 time is the drain estimate behind resident work, queued work and every promise of the same or a
 higher priority booked before it, and that time is the Retry-After. The same request coming back
-(same tenant, same body fingerprint, and saying it is a retry: ``x-stainless-retry-count`` of 1 or
-more) within ``grace_s`` of its slot claims it and goes ahead of new arrivals and queued work of its
-own class, never ahead of a higher class. Only a request that says how often it tried is promised
-anything (a client that never says could not be told from a new one with the same body), and a
+(same tenant and the same ``Idempotency-Key``, which a client sends with every attempt of one
+request; or, from a client that sends none, such as the openai SDKs, the same body fingerprint and
+saying it is a retry: ``x-stainless-retry-count`` of 1 or more) within ``grace_s`` of its slot
+claims it and goes ahead of new arrivals and queued work of its own class, never ahead of a higher
+class. Only a request that can be recognised is promised anything (its own key, or saying how often
+it tried: without either, a retry could not be told from a new request with the same body), and a
 promise never makes a request wait while there is room: one coming back early is admitted when it
-would be admitted without the promise, which then lapses.
-While a promise is due (within ``grace_s`` of its time) the decision sets its KV aside on the
-simulated fleet before placing anything of the same or a lower class, so the room is still there
-when the client comes back. A promise only orders: admission still needs ``capacity.fits``, so it
-can never over-commit KV. Unclaimed promises are released ``grace_s`` after their time; promises
-count against the queue's request and token bounds. A slot beyond the Retry-After cap stays booked:
-the client returns at the cap, is recognised as early and told the time left, keeping its place.
-Why this and not a longer queue limit: that only moves the race (64-79 % first-retry success at
-10 s, against 100 % with promises at 2 s in ``loadtest.bench_admission``, 2x overload); and a
-client's retry-count header alone cannot say which slot it was given, so it only tells a retry (1
-or more) from a first attempt (0), which never claims.
+would be admitted without the promise, which then lapses. While a promise is due (within ``grace_s``
+of its time) the decision sets its KV aside on the simulated fleet before placing anything of the
+same or a lower class, so the room is still there when the client comes back. A promise only orders:
+admission still needs ``capacity.fits``, so it can never over-commit KV. Unclaimed promises are
+released ``grace_s`` after their time; promises count against the queue's request and token bounds.
+A wait beyond the Retry-After cap is no promise: the client is told not to retry (``x-should-retry:
+false``), so no slot is held for it. Why this and not a longer queue limit: that only moves the race
+(64-79 % first-retry success at 10 s, against 100 % with promises at 2 s in
+``loadtest.bench_admission``, 2x overload); and a client's retry-count header alone cannot say which
+slot it was given, so it only tells a retry (1 or more) from a first attempt (0), which never
+claims.
 """
 
 from __future__ import annotations
@@ -37,9 +39,10 @@ from admission.decision import AdmissionRequest
 from admission.queue import Ahead
 
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
+IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 
 PromiseKey = tuple[str, bytes]
-"""(tenant name, fingerprint of the request body)."""
+"""(tenant name, the request's own key or the fingerprint of its body): ``promise_key``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,20 +105,21 @@ class PromiseBook:
 
     def offer(self, request: AdmissionRequest, expected_s: float, now_s: float, cap_s: float) -> None:
         """Book a refused request a slot at its Retry-After, when it can be recognised coming back
-        (it says how often it tried) and was told to come back (the wait is within ``cap_s``; past
-        it the client was told not to retry). The promise keeps its tenant and cost, not its body."""
-        if request.body is None or request.retry_count is None or not math.isfinite(expected_s):
+        (``promise_key``) and was told to come back (the wait is within ``cap_s``; past it the
+        client was told not to retry). The promise keeps its tenant and cost, not its body."""
+        key = promise_key(request)
+        if key is None or not math.isfinite(expected_s) or expected_s > cap_s:
             return
-        if expected_s <= cap_s:
-            key = (request.tenant.name, fingerprint(request.body))
-            self.book(key, dataclasses.replace(request, body=None), now_s + expected_s)
+        self.book(key, dataclasses.replace(request, body=None), now_s + expected_s)
 
     def returning(self, request: AdmissionRequest) -> Promise | None:
-        """The promise ``request`` comes back to claim: booked for its tenant and body, and the
-        request says it is a retry (a first attempt never claims, even with the same body)."""
-        if request.body is None or not request.retry_count or not self._by_id:
+        """The promise ``request`` comes back to claim: booked under its key, and the request is a
+        retry (its own key says so; without one, a first attempt never claims, even with the same
+        body)."""
+        if not self._by_id or (request.request_key is None and not request.retry_count):
             return None
-        return self.find((request.tenant.name, fingerprint(request.body)))
+        key = promise_key(request)
+        return None if key is None else self.find(key)
 
     def find(self, key: PromiseKey) -> Promise | None:
         """The earliest promise booked under ``key``."""
@@ -192,9 +196,29 @@ class PromiseBook:
             del self._sums[key]
 
 
+def promise_key(request: AdmissionRequest) -> PromiseKey | None:
+    """Whose promise a request is: its tenant and its own key (``Idempotency-Key``), which a client
+    sends again with every attempt of one request; without a key, its tenant and body digest, when
+    it says how often it tried (otherwise a retry could not be told from a new request with the
+    same body). None: it cannot be recognised, so it is promised nothing."""
+    if request.request_key is not None:
+        return (request.tenant.name, b"key:" + request.request_key.encode())
+    if request.body is None or request.retry_count is None:
+        return None
+    return (request.tenant.name, fingerprint(request.body))
+
+
 def fingerprint(body: bytes) -> bytes:
     """A digest of the request body as sent: a client's retry sends the same bytes."""
     return hashlib.blake2b(body, digest_size=16).digest()
+
+
+def request_key(headers: Mapping[str, str]) -> str | None:
+    """The client's ``Idempotency-Key``: 1 to 255 visible ASCII characters, else None (ignored)."""
+    raw = headers.get(IDEMPOTENCY_KEY_HEADER)
+    if raw is None or not 0 < len(raw) <= 255 or not all("!" <= c <= "~" for c in raw):
+        return None
+    return raw
 
 
 def retry_count(headers: Mapping[str, str]) -> int | None:

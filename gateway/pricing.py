@@ -24,7 +24,7 @@ from admission.cost import InvalidRequest, capped_body, estimate_cost, requested
 from admission.counting import batch_of
 from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Refusal, RefusalReason
-from admission.promises import retry_count
+from admission.promises import request_key, retry_count
 from admission.tenants import TenantDirectory, bearer_key
 from config.schema import GatewayConfig
 from gateway.prompt import PromptEncoder
@@ -34,6 +34,7 @@ from routing.prefix_hash import block_hashes
 from routing.request import RoutingRequest
 
 log = logging.getLogger("kvgate.pricing")
+_IDEMPOTENCY_KEY = b"idempotency-key"
 CHAT_PATH = "/v1/chat/completions"
 
 
@@ -88,7 +89,7 @@ class Pricer:
         headers = {
             name.decode("latin-1"): value.decode("latin-1")
             for name, value in request.headers
-            if name.startswith(b"x-")
+            if name.startswith(b"x-") or name == _IDEMPOTENCY_KEY
         }
         request.admission = AdmissionRequest(
             request.request_id,
@@ -97,6 +98,7 @@ class Pricer:
             client_timeout_s(headers, self._config),
             request.raw_body,
             retry_count(headers),
+            request_key(headers),
         )
         request.routing = RoutingRequest(
             request.model,

@@ -3,12 +3,13 @@ from __future__ import annotations
 import dataclasses
 from itertools import count
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from admission.cost import CostEstimate
 from admission.decision import AdmissionRequest, Admit, Queue, Refusal, RefusalReason
-from admission.promises import PromiseBook, fingerprint, retry_count
+from admission.promises import PromiseBook, fingerprint, request_key, retry_count
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig, PriorityClass
 from tests.unit.test_admission_controller import MODEL, Fleet
@@ -300,3 +301,27 @@ def test_promises_are_counted_made_kept_and_lapsed() -> None:
     fleet.now_s += 1000.0
     fleet.controller.expire(fleet.snapshot())
     assert counts.lapsed == 1, "d never came back"
+
+
+def test_a_request_with_its_own_key_owns_its_promise_whatever_its_body() -> None:
+    fleet, resident = full_fleet()
+    keyed = dataclasses.replace(freq(b"c", retry=None), request_key="req-7f3a")
+    first = refused(fleet, keyed)
+    assert first.retry_after is not None
+    assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1, "a key is enough"
+    fleet.now_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    other = dataclasses.replace(freq(b"c", retry=1), request_key="req-other")
+    assert not isinstance(fleet.admit(other), Admit), "same body, another request"
+    back = dataclasses.replace(freq(b"c, resent with a new timestamp", retry=None), request_key="req-7f3a")
+    assert isinstance(fleet.admit(back), Admit)
+    assert fleet.controller.promise_counts.kept == 1
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("req-7f3a", "req-7f3a"), ("", None), ("has space", None), ("x" * 256, None), ("é", None)],
+)
+def test_only_a_usable_idempotency_key_names_a_request(value: str, expected: str | None) -> None:
+    assert request_key({"idempotency-key": value}) == expected
+    assert request_key({}) is None

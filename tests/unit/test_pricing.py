@@ -1,0 +1,40 @@
+"""Pricing reads once, from the parsed request, everything admission and routing will need."""
+
+from __future__ import annotations
+
+import asyncio
+
+from config.loader import parse_config
+from gateway.decision_path import DecisionPath
+from gateway.metrics import GatewayMetrics
+from gateway.state import GatewayState, ProxyRequest
+
+
+def priced(headers: list[tuple[bytes, bytes]]) -> ProxyRequest:
+    config = parse_config(
+        {
+            "models": [
+                {"name": "m", "max_model_len": 8192, "kv_bytes_per_token": 1, "tokenizer": {"kind": "bytes"}}
+            ],
+            "pools": [{"name": "p", "replicas": ["http://10.0.0.1:8000"], "kv_capacity_tokens": 8000}],
+        },
+        {},
+    )
+    path = DecisionPath.build(GatewayState.from_config(config), config, GatewayMetrics())
+    body = {"model": "m", "prompt": "hello there", "max_tokens": 16}
+    request = ProxyRequest("r", "r", "/v1/completions", "m", False, body, b"{}", headers, [])
+    assert asyncio.run(path.pricer.price(request)) is None
+    return request
+
+
+def test_the_clients_own_request_key_and_retry_count_reach_admission() -> None:
+    request = priced([(b"idempotency-key", b"req-7f3a"), (b"x-stainless-retry-count", b"2")])
+    assert request.admission is not None
+    assert (request.admission.request_key, request.admission.retry_count) == ("req-7f3a", 2)
+    assert request.routing is not None and request.routing.max_output_tokens == 16
+
+
+def test_a_request_without_them_is_priced_all_the_same() -> None:
+    request = priced([])
+    assert request.admission is not None
+    assert (request.admission.request_key, request.admission.retry_count) == (None, None)
