@@ -1,21 +1,26 @@
-"""Goodput by routing policy: kvgate against round-robin and least-request on one trace.
+"""Goodput by routing policy: kvgate against round-robin, least-request and the Rust routers, one trace.
 
-Seven processes: three simulated fleets of the same size and profile (each this module re-run as
-``--fleet-child``: a ``SimFleet`` with the replicas' own warm-up turned off, so no policy meets a
-cold engine), three gateways (``kvgate serve``) that differ only in ``routing.policy``, each in
-front of its own fleet, and this driver. The trace mixes the ``mixed`` preset's short and
-30,000-token requests with ``shared-prefix`` sessions (system prompts shared by multi-turn
-conversations); the fleets' KV caches are cut down so they cannot hold every system prompt at once,
-as a loaded fleet cannot. The trace is played through ``loadtest.compare.run_compare``: cut into
-time slices, each slice played against every gateway in rotating order, the same bytes to each.
+Three simulated fleets of the same size and profile (each this module re-run as ``--fleet-child``:
+a ``SimFleet`` with the replicas' own warm-up turned off, so no policy meets a cold engine), three
+gateways (``kvgate serve``) that differ only in ``routing.policy``, each in front of its own fleet,
+and this driver. With ``--peers`` (default: every one installed, see ``loadtest.peers``), each
+``vllm-router`` or ``sglang-router`` policy is one more target in front of one more fleet of its
+own; a peer that is not installed or does not come up is named in one line and left out. The trace
+mixes the ``mixed`` preset's short and 30,000-token requests with ``shared-prefix`` sessions (system
+prompts shared by multi-turn conversations); the fleets' KV caches are cut down so they cannot hold
+every system prompt at once, as a loaded fleet cannot. The trace is played through
+``loadtest.compare.run_compare``: cut into time slices, each slice played against every target in
+rotating order, the same bytes to each.
 
-Printed per policy: goodput (requests meeting both SLOs: TTFT, and mean inter-token gap), p95 TTFT,
-p95 inter-token gap, the fleet's prefix-cache hit rate over the run (the replicas' own
-``vllm:prefix_cache_*`` counters), ratios against round-robin, whether the simulator lagged
-(``kvgate_sim_lag_ratio``, the worst replica) and whether the generator kept its schedule and was
-CPU-bound (the runner's own report). A PNG shows goodput, hit rate and the TTFT CDFs. Not a test.
+Printed per target: goodput (requests meeting both SLOs: TTFT, and mean inter-token gap), p95 TTFT,
+p95 inter-token gap, the fleet's prefix-cache hit rate and preemptions over the run (the replicas'
+own ``vllm:prefix_cache_*`` and ``vllm:num_preemptions`` counters), ratios against round-robin,
+whether the simulator lagged (``kvgate_sim_lag_ratio``, the worst replica) and whether the generator
+kept its schedule and was CPU-bound (the runner's own report). A PNG shows goodput, hit rate and the
+TTFT CDFs. Not a test.
 
     python -m loadtest.bench_goodput [--replicas 4] [--rate 16] [--duration-s 36] [--slices 3]
+        [--peers all|none|NAME,...] [--peer-bin-dir DIR]
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import peers
 from loadtest.client import wait_until_ok
 from loadtest.compare import ratios, run_compare, summaries_for
 from loadtest.ports import free_ports
@@ -84,6 +90,7 @@ def workload(rate_rps: float, duration_s: float, slo_ttft_s: float, slo_itl_s: f
 class FleetCounters:
     prefix_hits_tokens: float
     prefix_queries_tokens: float
+    preemptions: float
     lag_ratio: float
     """The worst replica's ``kvgate_sim_lag_ratio`` (cumulative lag over busy time)."""
 
@@ -94,6 +101,7 @@ class PolicyRun:
     summary: Summary
     result: RunResult
     hit_ratio: float
+    preemptions: int
     lag_ratio: float
 
 
@@ -176,9 +184,35 @@ def start_gateway(
     return f"http://127.0.0.1:{port}"
 
 
+def start_peer(
+    started: list[subprocess.Popen[bytes]], peer: peers.Peer, binary: str, urls: Sequence[str]
+) -> tuple[subprocess.Popen[bytes], str, str]:
+    """The peer's process, its URL and the file its output goes to (named when it fails)."""
+    port = free_ports(2)
+    with tempfile.NamedTemporaryFile(
+        "wb", prefix=f"bench-{peer.program}-", suffix=".log", delete=False
+    ) as log:
+        proc = subprocess.Popen(
+            peer.command(binary, urls, port, port + 1), stdout=log, stderr=subprocess.STDOUT
+        )
+    started.append(proc)
+    return proc, f"http://127.0.0.1:{port}", log.name
+
+
+def installed_peers(args: argparse.Namespace) -> list[tuple[peers.Peer, str]]:
+    """The chosen peers whose program is found, each with its path; one line for each that is not."""
+    found = []
+    for peer in peers.select(args.peers):
+        binary = peers.locate(peer.program, args.peer_bin_dir)
+        if binary is None:
+            print(f"{peer.name}: {peer.program} not found (pip install 'kvgate[bench]'), left out")
+        else:
+            found.append((peer, binary))
+    return found
+
+
 async def fleet_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> FleetCounters:
-    hits = queries = 0.0
-    lag = 0.0
+    hits = queries = preemptions = lag = 0.0
     for url in urls:
         async with session.get(url + "/metrics") as response:
             text = await response.text()
@@ -188,9 +222,11 @@ async def fleet_counters(session: aiohttp.ClientSession, urls: Sequence[str]) ->
                     hits += sample.value
                 elif sample.name == "vllm:prefix_cache_queries_total":
                     queries += sample.value
+                elif sample.name == "vllm:num_preemptions_total":
+                    preemptions += sample.value
                 elif sample.name == "kvgate_sim_lag_ratio":
                     lag = max(lag, sample.value)
-    return FleetCounters(hits, queries, lag)
+    return FleetCounters(hits, queries, preemptions, lag)
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
@@ -206,16 +242,16 @@ def _ratio(value: float | None, base: float | None) -> str:
 def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
     print(
         f"\nSLO: TTFT <= {slo.ttft_s:g} s and mean inter-token gap <= {slo.itl_s * 1000:g} ms\n"
-        f"{'policy':<14} {'requests':>8} {'ok':>5} {'429':>5} {'goodput':>8} {'good %':>7} {'good/s':>7} "
-        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'sim lag':>8}"
+        f"{'target':<18} {'requests':>8} {'ok':>5} {'429':>5} {'goodput':>8} {'good %':>7} {'good/s':>7} "
+        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'preempt':>7} {'sim lag':>8}"
     )
     for run in runs:
         s = run.summary
         print(
-            f"{run.policy:<14} {s.requests:>8} {s.ok:>5} {s.rejects:>5} {s.goodput_requests:>8} "
+            f"{run.policy:<18} {s.requests:>8} {s.ok:>5} {s.rejects:>5} {s.goodput_requests:>8} "
             f"{100 * s.goodput_ratio:>6.1f}% {s.goodput_rps:>7.2f} {_fmt(s.ttft_p50_s):>9} "
             f"{_fmt(s.ttft_p95_s):>9} {_fmt(s.itl_p95_s, 1000, 1):>10} {run.hit_ratio:>10.3f} "
-            f"{run.lag_ratio:>8.3f}"
+            f"{run.preemptions:>7} {run.lag_ratio:>8.3f}"
         )
     base = next(run for run in runs if run.policy == BASELINE)
     table = ratios([run.summary for run in runs], BASELINE)
@@ -225,7 +261,7 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
             continue
         s, b = run.summary, base.summary
         print(
-            f"  {run.policy:<14} goodput {_ratio(table[run.policy]['goodput'], 1.0)}, "
+            f"  {run.policy:<18} goodput {_ratio(table[run.policy]['goodput'], 1.0)}, "
             f"ttft p95 {_ratio(s.ttft_p95_s, b.ttft_p95_s)}, itl p95 {_ratio(s.itl_p95_s, b.itl_p95_s)}, "
             f"prefix hit rate {_ratio(run.hit_ratio, base.hit_ratio)}"
         )
@@ -236,7 +272,7 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
         schedule = "kept its schedule" if s.schedule_kept else "fell behind its schedule"
         bound = "CPU-bound" if s.cpu_bound else "not CPU-bound"
         print(
-            f"  {run.policy:<14} simulator {lag} (lag ratio {run.lag_ratio:.3f}, limit "
+            f"  {run.policy:<18} simulator {lag} (lag ratio {run.lag_ratio:.3f}, limit "
             f"{SIM_LAG_LIMIT_RATIO}); generator {schedule} (send lag p99 {_fmt(s.lag_p99_s, 1000, 1)} ms), "
             f"{bound} ({s.cpu_ratio:.0%} of one core, {s.cpu_per_request_ms:.1f} ms/request)"
         )
@@ -256,6 +292,8 @@ def plot(runs: Sequence[PolicyRun], slo: Slo, path: Path) -> None:
     hit_ax.bar(names, [100 * run.hit_ratio for run in runs], color="tab:blue")
     hit_ax.set_ylabel("prefix-cache hits / queries (tokens, %)")
     hit_ax.set_title("fleet prefix-cache hit rate")
+    for ax in (goodput_ax, hit_ax):
+        ax.tick_params(axis="x", labelrotation=30)
     for run in runs:
         ttft = sorted(r.ttft_s for r in run.result.records if r.ok and r.ttft_s is not None)
         if ttft:
@@ -278,32 +316,40 @@ async def bench(args: argparse.Namespace) -> None:
     for request in trace.requests:
         classes[request.class_name] = classes.get(request.class_name, 0) + 1
     mix = ", ".join(f"{n} {c}" for c, n in sorted(classes.items()))
+    found = installed_peers(args)
     print(
         f"{len(trace.requests)} requests over {args.duration_s:g} s at {args.rate:g} req/s ({mix}; "
-        f"{trace.prompt_tokens} prompt tokens); {len(POLICIES)} fleets of {args.replicas} simulated "
-        f"llama-3.1-8b-h100 replicas (KV {args.kv_capacity_tokens} tokens each, time scale "
-        f"{args.time_scale:g}), one gateway per policy, {args.slices} interleaved slices"
+        f"{trace.prompt_tokens} prompt tokens); {len(POLICIES) + len(found)} fleets of {args.replicas} "
+        f"simulated llama-3.1-8b-h100 replicas (KV {args.kv_capacity_tokens} tokens each, time scale "
+        f"{args.time_scale:g}), one gateway or router per target, {args.slices} interleaved slices"
     )
     with processes() as started:
-        fleets = {policy: start_fleet(started, args) for policy in POLICIES}
+        fleets = {name: start_fleet(started, args) for name in [*POLICIES, *(p.name for p, _ in found)]}
         gateways = {policy: start_gateway(started, fleets[policy], policy, args) for policy in POLICIES}
+        routers = {peer: start_peer(started, peer, binary, fleets[peer.name]) for peer, binary in found}
         async with aiohttp.ClientSession() as session:
             for url in gateways.values():
                 await wait_until_ok(session, url + "/readyz")
-            before = {p: await fleet_counters(session, fleets[p]) for p in POLICIES}
-            targets = [Target(p, gateways[p], DEFAULT_MODEL) for p in POLICIES]
+            for peer, (proc, url, log) in routers.items():
+                why_not = await peers.ready(session, proc, url)
+                if why_not is None:
+                    gateways[peer.name] = url
+                else:
+                    print(f"{peer.name}: did not start ({why_not}; output in {log}), left out")
+            before = {name: await fleet_counters(session, fleets[name]) for name in gateways}
+            targets = [Target(name, url, DEFAULT_MODEL) for name, url in gateways.items()]
             results = await run_compare(
                 targets, trace, RunOptions(), slice_count=args.slices, same_prompts=True
             )
-            after = {p: await fleet_counters(session, fleets[p]) for p in POLICIES}
+            after = {name: await fleet_counters(session, fleets[name]) for name in gateways}
     runs = []
     for result, summary in zip(results, summaries_for(results, slo), strict=True):
         policy = result.target.name
         queries = after[policy].prefix_queries_tokens - before[policy].prefix_queries_tokens
         hits = after[policy].prefix_hits_tokens - before[policy].prefix_hits_tokens
-        runs.append(
-            PolicyRun(policy, summary, result, hits / queries if queries else 0.0, after[policy].lag_ratio)
-        )
+        preemptions = int(after[policy].preemptions - before[policy].preemptions)
+        hit_ratio = hits / queries if queries else 0.0
+        runs.append(PolicyRun(policy, summary, result, hit_ratio, preemptions, after[policy].lag_ratio))
     print_table(runs, slo)
     print("\nby request class:\n" + class_table(results, slo))
     plot(runs, slo, args.png)
@@ -325,6 +371,15 @@ def main() -> None:
         "--slo-itl-s", type=float, default=0.05, help="mean inter-token gap SLO (default 0.05 s)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--peers",
+        default="all",
+        help=f"Rust routers to add: all (default; those installed), none, or some of "
+        f"{', '.join(p.name for p in peers.PEERS)}",
+    )
+    parser.add_argument(
+        "--peer-bin-dir", type=Path, help="where the routers' scripts are (e.g. another venv's bin)"
+    )
     parser.add_argument("--png", type=Path, default=Path("bench_goodput.png"), help="plot path")
     parser.add_argument("--fleet-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
