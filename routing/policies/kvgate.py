@@ -53,9 +53,9 @@ class KvgatePolicy:
         candidates = self._ramp.keep(passed, now_s, self._rng)
         loads = load_ratios(candidates, now_s, self._stale_s)
         hashes = request.block_hashes
+        replica_ids = [view.replica_id for view in candidates]
         if self._uses_prefix and hashes:
-            index = self._index
-            matched = [index.match_blocks(view.replica_id, hashes) for view in candidates]
+            matched = self._index.match_each(replica_ids, hashes)
             kv_tokens = request.kv_tokens
             costs = [kv_tokens / view.kv_capacity_tokens for view in candidates]
             bounded = within_bound(loads, costs, self._bounded_load_factor)
@@ -67,7 +67,7 @@ class KvgatePolicy:
         parts = {name: scorer(request, candidates, context) for name, scorer, _ in self._scorers}
         totals = _weighted_sums(parts, self._scorers)
         chosen = pick_best(totals, self._rng)
-        columns = ScoreColumns([view.replica_id for view in candidates], totals, parts, loads, matched)
+        columns = ScoreColumns(replica_ids, totals, parts, loads, matched)
         affinity = self._uses_prefix and parts["prefix_locality"][chosen] > 0.0
         return RoutingDecision(
             candidates[chosen].replica_id, "prefix_affinity" if affinity else "least_load", columns
