@@ -46,6 +46,25 @@ class RoutingConfig(BaseModel):
             "candidates' mean load counting the request (ratio). Default 1.25. Example: 1.5"
         ),
     )
+    prefix_home_key_tokens: int = Field(
+        default=256,
+        ge=0,
+        description=(
+            "Leading prompt tokens (whole 16-token blocks) whose hash gives a prefix its home "
+            "replicas, so that prompts agreeing on them share a home; shorter prompts have no home "
+            "and are placed by load; 0 disables homes. Long enough to tell system prompts apart past "
+            "a common chat-template header. Default 256. Example: 512"
+        ),
+    )
+    prefix_home_full_tokens: int = Field(
+        default=2_048,
+        gt=0,
+        description=(
+            "Prefill tokens a prefix-cache hit must save for a prefix's home to score the full "
+            "prefix_locality 1 even before it holds the prefix; a shorter shared prefix scores in "
+            "proportion, so it weighs less against load. Default 2048. Example: 1024"
+        ),
+    )
     prefix_index_capacity_blocks: int = Field(
         default=16_384,
         gt=0,

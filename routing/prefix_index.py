@@ -91,9 +91,18 @@ class PrefixIndex:
                 high = mid - 1
         return low
 
-    def longest_holders(self, hashes: Sequence[int]) -> tuple[int, tuple[str, ...]]:
-        """The longest prefix of ``hashes`` any replica holds, in blocks, and the replicas holding it
-        (sorted, so a seeded picker decides the same whatever the process's string-hash seed)."""
+    def match_each(self, replica_ids: Sequence[str], hashes: Sequence[int]) -> list[int]:
+        """``match_blocks`` for each replica; one not holding the first block costs a set lookup."""
+        first = self._holders.get(hashes[0]) if hashes else None
+        if first is None:
+            return [0] * len(replica_ids)
+        match = self.match_blocks
+        if isinstance(first, str):
+            return [match(replica_id, hashes) if replica_id == first else 0 for replica_id in replica_ids]
+        return [match(replica_id, hashes) if replica_id in first else 0 for replica_id in replica_ids]
+
+    def longest_blocks(self, hashes: Sequence[int]) -> int:
+        """The longest prefix of ``hashes`` any replica holds, in blocks: what is known to be shared."""
         holders = self._holders
         low, high = 0, len(hashes)
         while low < high:
@@ -102,10 +111,16 @@ class PrefixIndex:
                 low = mid
             else:
                 high = mid - 1
-        if low == 0:
+        return low
+
+    def longest_holders(self, hashes: Sequence[int]) -> tuple[int, tuple[str, ...]]:
+        """The longest prefix of ``hashes`` any replica holds, in blocks, and the replicas holding it
+        (sorted, so a seeded picker decides the same whatever the process's string-hash seed)."""
+        blocks = self.longest_blocks(hashes)
+        if blocks == 0:
             return 0, ()
-        held = holders[hashes[low - 1]]
-        return low, (held,) if isinstance(held, str) else tuple(sorted(held))
+        held = self._holders[hashes[blocks - 1]]
+        return blocks, (held,) if isinstance(held, str) else tuple(sorted(held))
 
     def remove_replica(self, replica_id: str) -> None:
         blocks = self._by_replica.pop(replica_id, None)

@@ -8,7 +8,12 @@ absolute, not normalised across candidates, so a few tokens of difference cannot
 point against prefix locality. ``prefix_locality`` is the matched fraction of the request's blocks,
 and 0 for a candidate whose load is above the bounded-load limit (``bounded_load_factor`` x the mean
 load counting this request), so one hot system prompt cannot pin all traffic to the replicas that
-hold it: such a replica competes on load alone, where any candidate below the mean beats it.
+hold it: such a replica competes on load alone, where any candidate below the mean beats it. The
+prefix's home (``routing/rendezvous.py``, chosen by the policy within the same limit) scores at least
+its home score: the prefill tokens a hit there saves, as a share of ``prefix_home_full_tokens``. So
+distinct prefixes, even ones kvgate has never routed, partition across replicas instead of following
+load, a long shared system prompt outweighs small load differences, and the home only breaks ties
+among replicas that already hold the whole prompt.
 """
 
 from __future__ import annotations
@@ -27,6 +32,9 @@ class ScoringContext:
     load_ratios: Sequence[float]
     matched_blocks: Sequence[int]
     within_bound: Sequence[bool]
+    home: int = -1
+    """Position of the prefix's home among the candidates; -1 when the request has none."""
+    home_score: float = 0.0
 
 
 class Scorer(Protocol):
@@ -47,10 +55,14 @@ def prefix_locality(
     total_blocks = len(request.block_hashes)
     if total_blocks == 0:
         return [0.0] * len(candidates)
-    return [
+    scores = [
         matched / total_blocks if allowed else 0.0
         for matched, allowed in zip(context.matched_blocks, context.within_bound, strict=True)
     ]
+    home = context.home
+    if home >= 0 and scores[home] < context.home_score:
+        scores[home] = context.home_score
+    return scores
 
 
 SCORERS: Mapping[str, Scorer] = {

@@ -2,12 +2,16 @@
 
 Candidates pass the filters, then the cold-replica ramp keeps each with its slow-start probability,
 then every scorer with a non-zero weight scores the survivors and the picker takes the highest
-weighted sum. Above ``sample_size`` candidates the policy does not look at the whole fleet: it
-scores ``sample_size`` seeded draws (with replacement; repeats merge) plus up to a quarter of
-``sample_size`` of the replicas holding the request's longest known prefix (found through the
-index's hash-to-replica map, not a scan). Least-load choice over a small random sample balances
+weighted sum. The prefix scorer reads what the policy measured once: blocks matched in the index,
+the bounded-load limit, and the prefix's home, ranked by ``routing/rendezvous.py`` over the request's
+first ``prefix_home_key_tokens``. Above ``sample_size`` candidates the policy does not look at the
+whole fleet: it scores ``sample_size`` seeded draws (with replacement; repeats merge) plus up to a
+quarter of ``sample_size`` of the replicas holding the request's longest known prefix (found through
+the index's hash-to-replica map, not a scan). Least-load choice over a small random sample balances
 almost as well as over all (power of d choices) and keeps a decision's cost independent of fleet
-size. Load, prefix match and the bounded-load limit are measured over the scored candidates only.
+size. Load, prefix match, the bounded-load limit and the home are measured over the scored
+candidates only, so in a sampled fleet a prefix never routed before has no stable home; once routed,
+the index's holders join the sample and keep it where its cache is.
 If no sampled replica passes the filters, the whole fleet is filtered before the policy gives up,
 so sampling never turns a routable request away.
 """
@@ -22,8 +26,10 @@ from routing.decision import RoutingDecision, ScoreColumns
 from routing.filters import Gate
 from routing.load import load_ratios, within_bound
 from routing.picker import pick_best
+from routing.prefix_hash import BLOCK_SIZE_TOKENS
 from routing.prefix_index import PrefixIndex
 from routing.ramp import Ramp
+from routing.rendezvous import HomeRanking
 from routing.request import RoutingRequest
 from routing.scorers import SCORERS, Scorer, ScoringContext
 from vocabulary.replica import ReplicaView
@@ -38,6 +44,9 @@ class KvgatePolicy:
         self._sample_size = config.sample_size
         self._stale_s = config.scrape_stale_s
         self._bounded_load_factor = config.bounded_load_factor
+        self._home_key_blocks = config.prefix_home_key_tokens // BLOCK_SIZE_TOKENS
+        self._home_full_tokens = config.prefix_home_full_tokens
+        self._homes = HomeRanking()
         self._ramp = Ramp(config.warmup_s, config.min_ratio, config.aggression, config.cold_ttft_factor)
         self._positions: dict[str, int] = {}
         self._absent: set[str] = set()
@@ -53,25 +62,53 @@ class KvgatePolicy:
         candidates = self._ramp.keep(passed, now_s, self._rng)
         loads = load_ratios(candidates, now_s, self._stale_s)
         hashes = request.block_hashes
+        home, home_score = -1, 0.0
+        replica_ids = [view.replica_id for view in candidates]
         if self._uses_prefix and hashes:
-            index = self._index
-            matched = [index.match_blocks(view.replica_id, hashes) for view in candidates]
+            matched = self._index.match_each(replica_ids, hashes)
             kv_tokens = request.kv_tokens
             costs = [kv_tokens / view.kv_capacity_tokens for view in candidates]
             bounded = within_bound(loads, costs, self._bounded_load_factor)
+            if 0 < self._home_key_blocks <= len(hashes):
+                home, home_score = self._home(hashes, replica_ids, matched, bounded, len(replicas))
         else:
             # Without a prefix to score, no scorer reads the bound: every candidate is inside it.
             matched = [0] * len(candidates)
             bounded = [True] * len(candidates)
-        context = ScoringContext(now_s, loads, matched, bounded)
+        context = ScoringContext(now_s, loads, matched, bounded, home, home_score)
         parts = {name: scorer(request, candidates, context) for name, scorer, _ in self._scorers}
         totals = _weighted_sums(parts, self._scorers)
         chosen = pick_best(totals, self._rng)
-        columns = ScoreColumns([view.replica_id for view in candidates], totals, parts, loads, matched)
+        columns = ScoreColumns(replica_ids, totals, parts, loads, matched)
         affinity = self._uses_prefix and parts["prefix_locality"][chosen] > 0.0
         return RoutingDecision(
             candidates[chosen].replica_id, "prefix_affinity" if affinity else "least_load", columns
         )
+
+    def _home(
+        self,
+        hashes: Sequence[int],
+        replica_ids: Sequence[str],
+        matched: Sequence[int],
+        bounded: Sequence[bool],
+        fleet_size: int,
+    ) -> tuple[int, float]:
+        """The prefix's home among the candidates ``replica_ids`` and its score.
+
+        Candidates above the load limit cannot be the home; if any within it already hold the key,
+        the home is one of them, so a prefix spilled to its next home stays there while it is
+        within the limit, and a replica joining the fleet does not pull prefixes from their cache.
+        A hit saves at least the key's tokens if the prefix is shared at all, and the longest prefix
+        the index knows some replica holds is shared by construction: the larger is the estimate of
+        the prefill tokens saved.
+        """
+        key_blocks = self._home_key_blocks
+        eligible = [i for i, held in enumerate(matched) if held >= key_blocks and bounded[i]]
+        if not eligible:
+            eligible = [i for i, ok in enumerate(bounded) if ok]
+        home = self._homes.home(hashes[key_blocks - 1], replica_ids, eligible, fleet_size)
+        shared_blocks = max(key_blocks, self._index.longest_blocks(hashes))
+        return home, min(1.0, shared_blocks * BLOCK_SIZE_TOKENS / self._home_full_tokens)
 
     def _window(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
         count = len(replicas)

@@ -90,3 +90,21 @@ def test_sets_stay_prefix_closed_so_binary_search_equals_a_walk(
             assert index.match_blocks(replica_id, hashes) == linear_match(index, replica_id, hashes)
             present = [index.holds(replica_id, h) for h in hashes]
             assert present == sorted(present, reverse=True)
+
+
+def test_match_each_agrees_with_match_blocks_for_holders_and_strangers() -> None:
+    index = PrefixIndex(capacity_blocks=100)
+    hashes = chain(9, 6)
+    replicas = ["a", "b", "c", "d"]
+    assert index.match_each(replicas, hashes) == [0, 0, 0, 0]
+    index.record("b", hashes[:2])
+    assert index.match_each(replicas, hashes) == [0, 2, 0, 0]
+    index.record("d", hashes)
+    index.record("a", chain(10, 3))
+    assert (
+        index.match_each(replicas, hashes)
+        == [index.match_blocks(r, hashes) for r in replicas]
+        == [0, 2, 0, 6]
+    )
+    assert index.match_each(replicas, []) == [0, 0, 0, 0]
+    assert index.longest_blocks(hashes) == 6
