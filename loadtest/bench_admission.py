@@ -4,7 +4,8 @@ Three processes: simulated replicas (``kvgate sim``, real time), the gateway (``
 this driver (aiohttp, open-loop Poisson arrivals at ``overload`` x the fleet's estimated capacity).
 Each phase runs the same arrival schedule through a fresh gateway in front of the same replicas:
 first with admission on, then with ``admission.enabled: false``. A client that gets a 429 waits its
-``retry-after-ms`` and tries again (up to ``--retries`` times). Printed per phase: admitted
+``retry-after-ms`` and tries again (up to ``--retries`` times), saying which attempt it is as the
+openai SDKs do (``x-stainless-retry-count``). Printed per phase: admitted
 requests, p50/p95 TTFT of admitted streams, preemptions (the replicas' own
 ``vllm:num_preemptions_total``), 429s, the share of 429'd clients whose first retry succeeded, and
 the Retry-After error: median of (first token of the request that finally got in - its first 429)
@@ -87,7 +88,9 @@ async def _attempts(
     first_reject_s: float | None = None
     for attempt in range(retries + 1):
         start = time.monotonic()
-        async with session.post(url + "/v1/completions", json=body) as response:
+        # As the openai SDKs do: the attempt count tells a retry from a new request with the same body.
+        headers = {"x-stainless-retry-count": str(attempt)}
+        async with session.post(url + "/v1/completions", json=body, headers=headers) as response:
             if response.status == 429:
                 await response.read()
                 wait_s = int(response.headers.get("retry-after-ms", "1000")) / 1000.0
