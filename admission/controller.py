@@ -306,7 +306,8 @@ class AdmissionController:
 
     def _placer(self, fleet: FleetSnapshot) -> Place:
         place = fleet_placer(fleet.replicas, fleet.now_s, self._max_active)
-        return after_promises(place, self._promises.due(fleet.now_s))
+        share_tokens = self.config.promise_max_share * sum(v.kv_capacity_tokens for v in fleet.replicas)
+        return after_promises(place, self._promises.due(fleet.now_s), share_tokens)
 
     def _take_ticket(self) -> int:
         ticket = self._next_ticket

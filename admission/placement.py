@@ -65,23 +65,28 @@ def fleet_placer(replicas: Sequence[ReplicaView], now_s: float, max_active: MaxA
     return place
 
 
-def after_promises(place: Place, due: Iterable[Promise]) -> Place:
+def after_promises(place: Place, due: Iterable[Promise], max_held_kv_tokens: float) -> Place:
     """``place``, where each entry first sets aside room for the due promises that go before it: a
-    higher class, or its own class with an earlier slot (or any, for a newcomer)."""
+    higher class, or its own class with an earlier slot (or any, for a newcomer). Room is set aside
+    for at most ``max_held_kv_tokens`` of promises (their share of the fleet): returning clients go
+    before new arrivals, but a burst of them never takes the whole fleet from newcomers."""
     ordered = sorted(due, key=lambda p: (p.rank, p.due_s))
     if not ordered:
         return place
     held = iter(ordered)
     pending = next(held, None)
+    held_kv_tokens = 0
 
     def place_after_promises(entry: QueuedRequest) -> tuple[ReplicaView, ...] | None:
-        nonlocal pending
+        nonlocal pending, held_kv_tokens
         claimed_due_s = entry.promised_due_s
         while pending is not None and (
             pending.rank < entry.rank
             or (pending.rank == entry.rank and (claimed_due_s is None or pending.due_s < claimed_due_s))
         ):
-            place(QueuedRequest(0, pending.request, pending.due_s, pending.due_s))
+            if held_kv_tokens + pending.kv_tokens <= max_held_kv_tokens:
+                place(QueuedRequest(0, pending.request, pending.due_s, pending.due_s))
+                held_kv_tokens += pending.kv_tokens
             pending = next(held, None)
         return place(entry)
 

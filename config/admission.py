@@ -243,6 +243,16 @@ class AdmissionConfig(_Section):
             "Example: 1."
         ),
     )
+    promise_max_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description=(
+            "Largest share of the fleet's KV capacity set aside at once for promised slots that are "
+            "due: returning clients go before new arrivals within this share, never with the whole "
+            "fleet (fraction). Default 0.5. Example: 0.3."
+        ),
+    )
     no_replica_retry_after_s: float = Field(
         default=5.0,
         gt=0,

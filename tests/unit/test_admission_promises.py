@@ -325,3 +325,13 @@ def test_a_request_with_its_own_key_owns_its_promise_whatever_its_body() -> None
 def test_only_a_usable_idempotency_key_names_a_request(value: str, expected: str | None) -> None:
     assert request_key({"idempotency-key": value}) == expected
     assert request_key({}) is None
+
+
+def test_promises_hold_room_only_within_their_share_of_the_fleet() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, promise_max_share=0.4)
+    fleet, resident = full_fleet(config)
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s - 0.5
+    fleet.release(resident[0].request_id)
+    assert isinstance(fleet.admit(freq(b"d")), Admit), "its 500 tokens are over 0.4 of 1000"
