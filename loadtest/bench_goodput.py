@@ -115,14 +115,18 @@ async def serve_fleet(replicas: int, time_scale: float, kv_capacity_tokens: int,
         await stop.wait()
 
 
-def gateway_config(urls: Sequence[str], port: int, policy: str, kv_capacity_tokens: int) -> dict[str, Any]:
+def gateway_config(
+    urls: Sequence[str], port: int, policy: str, kv_capacity_tokens: int, admission: bool = True
+) -> dict[str, Any]:
+    """A gateway differing from the others only in ``routing.policy``; with ``admission`` off every
+    request is routed at once, as the Rust routers do, so the rows compare routing alone."""
     return {
         "server": {"host": "127.0.0.1", "port": port},
         "health": {"interval_s": 0.5},
         "models": [{"name": DEFAULT_MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
         "pools": [{"name": "default", "replicas": list(urls), "kv_capacity_tokens": kv_capacity_tokens}],
         "routing": {"policy": policy, "warmup_s": 0},
-        "admission": {"max_queue_wait_s": 30},
+        "admission": {"max_queue_wait_s": 30, "enabled": admission},
     }
 
 
@@ -171,7 +175,7 @@ def start_gateway(
     started: list[subprocess.Popen[bytes]], urls: Sequence[str], policy: str, args: argparse.Namespace
 ) -> str:
     port = free_ports()
-    config = gateway_config(urls, port, policy, args.kv_capacity_tokens)
+    config = gateway_config(urls, port, policy, args.kv_capacity_tokens, args.admission == "on")
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
         yaml.safe_dump(config, file)
     started.append(
@@ -371,6 +375,12 @@ def main() -> None:
         "--slo-itl-s", type=float, default=0.05, help="mean inter-token gap SLO (default 0.05 s)"
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--admission",
+        choices=("on", "off"),
+        default="on",
+        help="kvgate's admission in the kvgate rows (default on; off compares routing alone)",
+    )
     parser.add_argument(
         "--peers",
         default="all",
