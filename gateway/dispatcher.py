@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from admission import refusals
 from admission.controller import AdmissionController
@@ -33,7 +32,6 @@ from vocabulary.replica import ReplicaView
 from vocabulary.value import frozen_value
 
 PUMP_INTERVAL_S = 0.05
-_UNBOUNDED = 1 << 40
 
 
 @frozen_value
@@ -104,8 +102,9 @@ class Dispatcher:
         return await self._wait(request, decision, now_s)
 
     def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
-        """Admission off: route among every healthy replica as if each had unbounded KV room."""
-        route = self._place(request, self._unbounded_views(now_s), now_s)
+        """Admission off: route among every healthy replica without the room filter (the replicas queue
+        what does not fit), on the real views, so the load scorer still sees real load."""
+        route = self._place(request, self._fleet.views(now_s), now_s, check_room=False)
         pool = self._fleet.pool_of(request.model)
         if route is None:
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
@@ -114,17 +113,15 @@ class Dispatcher:
         self._metrics.count_admitted(pool, request.model, "admission_off", None)
         return route
 
-    def _unbounded_views(self, now_s: float) -> tuple[ReplicaView, ...]:
-        return tuple(
-            dataclasses.replace(v, kv_capacity_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
-            for v in self._fleet.views(now_s)
-        )
-
     def _place(
-        self, request: ProxyRequest, candidates: tuple[ReplicaView, ...], now_s: float
+        self,
+        request: ProxyRequest,
+        candidates: Sequence[ReplicaView],
+        now_s: float,
+        check_room: bool = True,
     ) -> Route | None:
         assert request.routing is not None and request.admission is not None
-        choice = self.router.choose(request.routing, candidates, now_s, exclude=request.tried)
+        choice = self.router.choose(request.routing, candidates, now_s, request.tried, check_room)
         if choice.replica_id is None:
             return None
         replica = self._state.replicas.get(choice.replica_id)
@@ -213,9 +210,9 @@ class Dispatcher:
             return None
         if self._config.enabled:
             candidates = self.controller.retry_candidates(request.admission, self._fleet.snapshot(now_s))
+            route = self._place(request, candidates, now_s)
         else:
-            candidates = self._unbounded_views(now_s)
-        route = self._place(request, candidates, now_s)
+            route = self._place(request, self._fleet.views(now_s), now_s, check_room=False)
         self._metrics.count_retry(pool, "no_replica" if route is None else "retry")
         if route is None:
             self.pump()

@@ -4,7 +4,9 @@ A candidate must not be excluded by the caller (a retry goes to a replica not tr
 serve the request's model, be healthy, be ready (it reported healthy at least once; a replica is
 never routable before that), be out of any back-off (ejection or a 429/503 avoid window) and have
 KV room for the request's worst case and a sequence slot for each of its sequences, asked through
-``vocabulary.capacity.fits`` so routing and admission cannot disagree. Filters run in that order;
+``vocabulary.capacity.fits`` so routing and admission cannot disagree. With admission turned off the
+room filter is off too (``check_room``): the replicas' own schedulers queue what does not fit, and
+the views keep their real capacity so the load scorer still measures load. Filters run in that order;
 when none survive, the reason names the furthest filter any candidate reached, which is the
 constraint actually binding (``no_kv_room`` tells the caller to queue, ``unhealthy`` that the fleet
 is down).
@@ -26,12 +28,19 @@ NO_REPLICA = "no_replica"
 class Gate:
     """The filter chain bound to one request at one instant (a plain class: built per decision)."""
 
-    __slots__ = ("exclude", "now_s", "request")
+    __slots__ = ("check_room", "exclude", "now_s", "request")
 
-    def __init__(self, request: RoutingRequest, now_s: float, exclude: Collection[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        request: RoutingRequest,
+        now_s: float,
+        exclude: Collection[str] = frozenset(),
+        check_room: bool = True,
+    ) -> None:
         self.request = request
         self.now_s = now_s
         self.exclude = exclude
+        self.check_room = check_room
 
     def rejection(self, view: ReplicaView) -> str | None:
         """The first filter ``view`` fails, or None if it may take the request."""
@@ -45,7 +54,8 @@ class Gate:
             return "not_ready"
         if view.backoff_until_s > self.now_s:
             return "backoff"
-        if not fits(view, self.request.kv_tokens, self.request.sequences, view.max_sequences):
+        request = self.request
+        if self.check_room and not fits(view, request.kv_tokens, request.sequences, view.max_sequences):
             return "no_kv_room"
         return None
 
@@ -59,6 +69,7 @@ class Gate:
         now_s = self.now_s
         kv_tokens = self.request.kv_tokens
         sequences = self.request.sequences
+        check_room = self.check_room
         passed = [
             view
             for view in views
@@ -68,7 +79,7 @@ class Gate:
             and view.ready_since_s is not None
             and view.ready_since_s <= now_s
             and view.backoff_until_s <= now_s
-            and fits(view, kv_tokens, sequences, view.max_sequences)
+            and (not check_room or fits(view, kv_tokens, sequences, view.max_sequences))
         ]
         if passed:
             return passed, ""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
@@ -7,9 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from config.routing import RoutingConfig
 from routing.filters import Gate
 from routing.load import load_ratios, within_bound
 from routing.request import RoutingRequest
+from routing.router import Router
 from vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
 
 MODEL = "m"
@@ -63,6 +66,28 @@ def test_empty_result_names_the_binding_filter() -> None:
     assert gate.passing([]) == ([], "no_replica")
     passed, reason = gate.passing([view("a", healthy=False), view("b")])
     assert [v.replica_id for v in passed] == ["b"] and reason == ""
+
+
+def test_without_the_room_check_a_full_replica_passes_and_keeps_its_real_load() -> None:
+    """Admission off: nothing is held back for room, yet a fuller replica still scores as fuller."""
+    full = ReplicaLoad(pending_prompt_tokens=9_000, resident_sequences=4, reserved_kv_tokens=12_000)
+    fuller = ReplicaLoad(pending_prompt_tokens=20_000, resident_sequences=6, reserved_kv_tokens=30_000)
+    gate = Gate(REQUEST, 10.0, check_room=False)
+    assert gate.rejection(view(load=full)) is None
+    assert Gate(REQUEST, 10.0).rejection(view(load=full)) == "no_kv_room"
+    passed, _ = gate.passing([view("a", load=full), view("b", load=fuller), view("c", healthy=False)])
+    assert [v.replica_id for v in passed] == ["a", "b"]
+    assert load_ratios(passed, 10.0, 5.0) == [0.9, 2.0]
+
+
+def test_router_without_the_room_check_sends_to_the_less_loaded_of_two_full_replicas() -> None:
+    full = ReplicaLoad(pending_prompt_tokens=9_000, resident_sequences=4, reserved_kv_tokens=12_000)
+    fuller = ReplicaLoad(pending_prompt_tokens=20_000, resident_sequences=6, reserved_kv_tokens=30_000)
+    router = Router(RoutingConfig(warmup_s=0), random.Random(0))
+    fleet = [view("a", load=fuller), view("b", load=full)]
+    assert router.choose(REQUEST, fleet, 10.0).reason == "no_kv_room"
+    for _ in range(5):
+        assert router.choose(REQUEST, fleet, 10.0, check_room=False).replica_id == "b"
 
 
 times = st.one_of(st.none(), st.floats(0.0, 20.0))
