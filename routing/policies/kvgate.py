@@ -60,14 +60,18 @@ class KvgatePolicy:
             return RoutingDecision(None, reason)
         now_s = gate.now_s
         candidates = self._ramp.keep(passed, now_s, self._rng)
-        loads = load_ratios(candidates, now_s, self._stale_s)
+        token_shares, slot_shares = load_ratios(candidates, now_s, self._stale_s)
+        loads = [tokens + slots for tokens, slots in zip(token_shares, slot_shares, strict=True)]
         hashes = request.block_hashes
         home, home_score = -1, 0.0
         replica_ids = [view.replica_id for view in candidates]
         if self._uses_prefix and hashes:
             matched = self._index.match_each(replica_ids, hashes)
-            kv_tokens = request.kv_tokens
-            costs = [kv_tokens / view.kv_capacity_tokens for view in candidates]
+            kv_tokens, sequences = request.kv_tokens, request.sequences
+            costs = [
+                kv_tokens / view.kv_capacity_tokens + sequences / max(1, view.max_sequences)
+                for view in candidates
+            ]
             bounded = within_bound(loads, costs, self._bounded_load_factor)
             if 0 < self._home_key_blocks <= len(hashes):
                 home, home_score = self._home(hashes, replica_ids, matched, bounded, len(replicas))
@@ -75,7 +79,7 @@ class KvgatePolicy:
             # Without a prefix to score, no scorer reads the bound: every candidate is inside it.
             matched = [0] * len(candidates)
             bounded = [True] * len(candidates)
-        context = ScoringContext(now_s, loads, matched, bounded, home, home_score)
+        context = ScoringContext(now_s, token_shares, slot_shares, matched, bounded, home, home_score)
         parts = {name: scorer(request, candidates, context) for name, scorer, _ in self._scorers}
         totals = _weighted_sums(parts, self._scorers)
         chosen = pick_best(totals, self._rng)

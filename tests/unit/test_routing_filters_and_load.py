@@ -77,7 +77,7 @@ def test_without_the_room_check_a_full_replica_passes_and_keeps_its_real_load() 
     assert Gate(REQUEST, 10.0).rejection(view(load=full)) == "no_kv_room"
     passed, _ = gate.passing([view("a", load=full), view("b", load=fuller), view("c", healthy=False)])
     assert [v.replica_id for v in passed] == ["a", "b"]
-    assert load_ratios(passed, 10.0, 5.0) == [0.9, 2.0]
+    assert load_ratios(passed, 10.0, 5.0) == ([0.9, 2.0], [1.0, 1.5])
 
 
 def test_router_without_the_room_check_sends_to_the_less_loaded_of_two_full_replicas() -> None:
@@ -115,27 +115,38 @@ def test_admit_passes_exactly_the_views_rejection_lets_through(
     assert (reason == "") == bool(passed)
 
 
-def scraped(usage: float, waiting: int, at_s: float) -> ScrapedMetrics:
-    return ScrapedMetrics(usage, 1, waiting, None, None, at_s)
+def scraped(usage: float, running: int, waiting: int, at_s: float) -> ScrapedMetrics:
+    return ScrapedMetrics(usage, running, waiting, None, None, at_s)
 
 
-def test_own_load_is_outstanding_tokens_over_capacity() -> None:
-    loaded = view(load=ReplicaLoad(pending_prompt_tokens=1_000, remaining_decode_tokens=1_500))
-    assert load_ratios([loaded], now_s=0.0, stale_s=5.0) == [0.25]
+def test_load_is_outstanding_tokens_over_capacity_and_sequences_over_slots() -> None:
+    loaded = view(
+        load=ReplicaLoad(pending_prompt_tokens=1_000, remaining_decode_tokens=1_500, resident_sequences=1)
+    )
+    assert load_ratios([loaded], now_s=0.0, stale_s=5.0) == ([0.25], [0.25])
 
 
-def test_fresh_scrapes_correct_own_accounting_upward() -> None:
-    busy_elsewhere = view("a", scraped=scraped(0.5, 2, at_s=9.0))
-    quiet = view("b", load=ReplicaLoad(remaining_decode_tokens=5_000), scraped=scraped(0.1, 0, at_s=9.0))
-    assert load_ratios([busy_elsewhere, quiet], now_s=10.0, stale_s=5.0) == [1.0, 0.5]
+def test_fresh_scrapes_correct_the_slot_share_upward_and_never_the_token_share() -> None:
+    """Requests kvgate did not send take slots; KV in use is not work still to come."""
+    busy_elsewhere = view("a", scraped=scraped(0.5, 2, 2, at_s=9.0))
+    quiet = view(
+        "b",
+        load=ReplicaLoad(remaining_decode_tokens=5_000, resident_sequences=2),
+        scraped=scraped(0.9, 1, 0, at_s=9.0),
+    )
+    assert load_ratios([busy_elsewhere, quiet], now_s=10.0, stale_s=5.0) == ([0.0, 0.5], [1.0, 0.5])
 
 
 def test_one_stale_scrape_puts_every_candidate_on_own_accounting() -> None:
-    fresh = view("a", scraped=scraped(0.9, 3, at_s=9.0))
-    stale = view("b", load=ReplicaLoad(remaining_decode_tokens=2_000), scraped=scraped(0.0, 0, at_s=1.0))
+    fresh = view("a", scraped=scraped(0.9, 3, 1, at_s=9.0))
+    stale = view(
+        "b",
+        load=ReplicaLoad(remaining_decode_tokens=2_000, resident_sequences=1),
+        scraped=scraped(0.0, 0, 0, at_s=1.0),
+    )
     missing = view("c", load=ReplicaLoad(remaining_decode_tokens=1_000))
-    assert load_ratios([fresh, stale], now_s=10.0, stale_s=5.0) == [0.0, 0.2]
-    assert load_ratios([fresh, missing], now_s=10.0, stale_s=5.0) == [0.0, 0.1]
+    assert load_ratios([fresh, stale], now_s=10.0, stale_s=5.0) == ([0.0, 0.2], [0.0, 0.25])
+    assert load_ratios([fresh, missing], now_s=10.0, stale_s=5.0) == ([0.0, 0.1], [0.0, 0.0])
 
 
 def test_bound_counts_the_request_in_the_mean() -> None:
