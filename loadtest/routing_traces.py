@@ -89,8 +89,8 @@ class LabTrace:
 TRACES: Mapping[str, LabTrace] = {
     trace.name: trace
     for trace in (
-        LabTrace("below", rate_rps=10.0, duration_s=90.0),
+        LabTrace("below", rate_rps=18.0, duration_s=90.0),
         LabTrace("overload", rate_rps=16.0, duration_s=90.0, schedule=BURST),
-        LabTrace("many-prefix", rate_rps=10.0, duration_s=90.0, system_prompts=64),
+        LabTrace("many-prefix", rate_rps=16.0, duration_s=90.0, system_prompts=64),
     )
 }
