@@ -119,9 +119,12 @@ class Dispatcher:
         candidates: Sequence[ReplicaView],
         now_s: float,
         check_room: bool = True,
+        hold_until_s: float = float("-inf"),
     ) -> Route | None:
         assert request.routing is not None and request.admission is not None
-        choice = self.router.choose(request.routing, candidates, now_s, request.tried, check_room)
+        choice = self.router.choose(
+            request.routing, candidates, now_s, request.tried, check_room, hold_until_s
+        )
         if choice.replica_id is None:
             return None
         replica = self._state.replicas.get(choice.replica_id)
@@ -171,11 +174,20 @@ class Dispatcher:
         request, future = waiter
         if future.done():
             return Placement.GONE  # the client left and its task has not heard yet
-        route = self._place(request, dispatch.candidates, now_s)
+        route = self._place(request, dispatch.candidates, now_s, hold_until_s=self._hold_until_s(dispatch))
         if route is None:
             return Placement.NO_ROOM
         future.set_result(route)
         return Placement.PLACED
+
+    def _hold_until_s(self, dispatch: Dispatch) -> float:
+        """Until when a queued request may wait for the replica holding its prefix: the routing
+        section's ``prefix_hold_s`` after it queued, within half its wait budget; never for a
+        promised request (its Retry-After said it would be admitted now)."""
+        if dispatch.promised_due_s is not None:
+            return float("-inf")
+        budget_s = dispatch.expires_at_s - dispatch.enqueued_at_s
+        return dispatch.enqueued_at_s + min(self.router.config.prefix_hold_s, budget_s / 2)
 
     def tick(self) -> None:
         """Keep the leases (``Leases.upkeep``), expire overdue waits (each answered with its 429)

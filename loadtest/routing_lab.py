@@ -13,8 +13,10 @@ every ``scrape_every_s``. Prompts are rendered and tokenised as the simulator do
 block hashes and the engines' prefix cache agree. With ``admission`` on, a request the router finds
 no room for waits at the gateway, first come first served, and is offered again whenever a sequence
 finishes (kvgate's queue, without its deadlines); a request that waited longer than
-``max_queue_wait_s`` is refused. With it off, every request is routed at once on views whose
-capacity does not filter (as a router without admission): the engines queue and preempt.
+``max_queue_wait_s`` is refused. A queued request may be held for the replica holding its prefix
+(``routing.prefix_hold_s``, within half that wait), as the gateway's dispatcher does. With admission
+off, every request is routed at once without the room filter (as a router without admission, and
+as kvgate with ``admission.enabled: false``): the engines queue and preempt.
 
     python -m loadtest.routing_lab [--trace below|overload|many-prefix] [--policies kvgate,...]
 """
@@ -198,9 +200,11 @@ def play(
         replica.stepping = True
         push(result.end_s, _STEP_END, _Step(replica, result))
 
-    def place(outcome: Outcome, now_s: float) -> bool:
+    def place(outcome: Outcome, now_s: float, queued: bool = False) -> bool:
         views = [replica.view() for replica in fleet]
-        decision = router.choose(outcome.request.routing, views, now_s, check_room=admission)
+        hold_s = min(config.prefix_hold_s, max_queue_wait_s / 2)
+        hold_until_s = outcome.request.arrival_s + hold_s if queued else float("-inf")
+        decision = router.choose(outcome.request.routing, views, now_s, (), admission, hold_until_s)
         if decision.replica_id is None:
             return False
         replica = by_id[decision.replica_id]
@@ -223,7 +227,7 @@ def play(
         while waiting and now_s - waiting[0].request.arrival_s > max_queue_wait_s:
             waiting.popleft().refused = True
         for outcome in list(waiting):
-            if place(outcome, now_s):
+            if place(outcome, now_s, queued=True):
                 waiting.remove(outcome)
 
     while events:

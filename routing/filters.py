@@ -28,7 +28,7 @@ NO_REPLICA = "no_replica"
 class Gate:
     """The filter chain bound to one request at one instant (a plain class: built per decision)."""
 
-    __slots__ = ("check_room", "exclude", "now_s", "request")
+    __slots__ = ("check_room", "exclude", "hold_until_s", "now_s", "request")
 
     def __init__(
         self,
@@ -36,11 +36,15 @@ class Gate:
         now_s: float,
         exclude: Collection[str] = frozenset(),
         check_room: bool = True,
+        hold_until_s: float = float("-inf"),
     ) -> None:
         self.request = request
         self.now_s = now_s
         self.exclude = exclude
         self.check_room = check_room
+        self.hold_until_s = hold_until_s
+        """Until when the request may be left waiting for a replica that holds its prefix to have
+        room (a queued request the edge would rather place there than prefill elsewhere)."""
 
     def rejection(self, view: ReplicaView) -> str | None:
         """The first filter ``view`` fails, or None if it may take the request."""

@@ -13,9 +13,11 @@ request to a replica whose slots are all taken, where it queues behind them, and
 requests (what least-request routing does) cannot tell a 30,000-token prompt from a 50-token one.
 
 kvgate's own reservations are exact about what kvgate sent and updated at decision time. A fresh
-scrape of the replica's ``/metrics`` corrects the slot share upward when the replica reports more
-running and waiting requests than kvgate placed there, since traffic kvgate did not send still
-takes slots. The token share is not corrected: vLLM reports the KV in use now (prompts and tokens
+scrape of the replica's ``/metrics`` corrects the slot share upward when the replica reports
+requests waiting for a slot (traffic kvgate did not send still takes slots): then its running and
+waiting requests per slot. A scrape without a queue corrects nothing, because a scrape is up to an
+interval old: the requests it saw running may have finished since, and a replica kvgate just
+emptied would look full until the next one. The token share is not corrected: vLLM reports the KV in use now (prompts and tokens
 already produced), not the work still to come, so the larger of the two would mix quantities and
 keep a replica whose long sequences are about to finish looking full (measured in
 ``loadtest.routing_lab``: it cost 4 points of goodput on the many-prefix trace). Candidates are
@@ -40,9 +42,10 @@ def own_slot_ratio(view: ReplicaView) -> float:
 
 
 def scraped_slot_ratio(view: ReplicaView) -> float:
-    """The replica's own word on its slots: running and waiting requests per sequence slot."""
+    """The replica's own word on its slots, when it says they are all taken: running and waiting
+    requests per sequence slot while some wait; 0 while none does."""
     scraped = view.scraped
-    if scraped is None:
+    if scraped is None or scraped.num_requests_waiting == 0:
         return 0.0
     return (scraped.num_requests_running + scraped.num_requests_waiting) / max(1, view.max_sequences)
 

@@ -55,8 +55,10 @@ class Router:
         now_s: float,
         exclude: Collection[str] = frozenset(),
         check_room: bool = True,
+        hold_until_s: float = float("-inf"),
     ) -> RoutingDecision:
-        decision = self._policy.pick(request, replicas, Gate(request, now_s, exclude, check_room))
+        gate = Gate(request, now_s, exclude, check_room, hold_until_s)
+        decision = self._policy.pick(request, replicas, gate)
         if decision.replica_id is not None and self._records_prefixes and request.block_hashes:
             self._index.record(decision.replica_id, request.block_hashes)
         return decision

@@ -137,6 +137,13 @@ def test_fresh_scrapes_correct_the_slot_share_upward_and_never_the_token_share()
     assert load_ratios([busy_elsewhere, quiet], now_s=10.0, stale_s=5.0) == ([0.0, 0.5], [1.0, 0.5])
 
 
+def test_a_scrape_without_a_queue_does_not_keep_a_just_emptied_replica_full() -> None:
+    """Up to an interval old, it may show running requests that have finished since."""
+    emptied = view("a", scraped=scraped(0.9, 4, 0, at_s=9.0))
+    queued_elsewhere = view("b", scraped=scraped(0.9, 4, 1, at_s=9.0))
+    assert load_ratios([emptied, queued_elsewhere], now_s=10.0, stale_s=5.0)[1] == [0.0, 1.25]
+
+
 def test_one_stale_scrape_puts_every_candidate_on_own_accounting() -> None:
     fresh = view("a", scraped=scraped(0.9, 3, 1, at_s=9.0))
     stale = view(
