@@ -34,7 +34,7 @@ from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from admission.retry_after import ServiceRates
 from admission.tenants import TenantDirectory
 from config.admission import AdmissionConfig
-from vocabulary.capacity import fits, kv_room_tokens, routable
+from vocabulary.capacity import fits_sharing, kv_room_tokens, routable
 from vocabulary.replica import ReplicaView
 from vocabulary.snapshot import FleetSnapshot
 
@@ -96,6 +96,7 @@ class AdmissionController:
         kv_tokens = cost.kv_tokens
         sequences = cost.sequences
         model = cost.model
+        blocks, resident = request.prompt_blocks, fleet.resident
         serving: list[ReplicaView] = []
         fitting: list[ReplicaView] = []
         largest = 0
@@ -109,7 +110,7 @@ class AdmissionController:
             slots = self._max_active(v)
             if slots > most_slots:
                 most_slots = slots
-            if fits(v, kv_tokens, sequences, slots):
+            if fits_sharing(v, kv_tokens, sequences, slots, blocks, resident):
                 fitting.append(v)
         if not serving:
             return refusals.none_serving(model, fleet, self.config)
@@ -171,7 +172,9 @@ class AdmissionController:
             v
             for v in fleet.replicas
             if routable(v, cost.model, fleet.now_s)
-            and fits(v, cost.kv_tokens, cost.sequences, self._max_active(v))
+            and fits_sharing(
+                v, cost.kv_tokens, cost.sequences, self._max_active(v), request.prompt_blocks, fleet.resident
+            )
         ]
         fitting.sort(key=kv_room_tokens, reverse=True)
         return tuple(fitting)
@@ -305,7 +308,7 @@ class AdmissionController:
         return None
 
     def _placer(self, fleet: FleetSnapshot) -> Place:
-        place = fleet_placer(fleet.replicas, fleet.now_s, self._max_active)
+        place = fleet_placer(fleet.replicas, fleet.now_s, self._max_active, fleet.resident)
         share_tokens = self.config.promise_max_share * sum(v.kv_capacity_tokens for v in fleet.replicas)
         return after_promises(place, self._promises.due(fleet.now_s), share_tokens)
 

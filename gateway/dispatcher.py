@@ -122,16 +122,18 @@ class Dispatcher:
         hold_until_s: float = float("-inf"),
     ) -> Route | None:
         assert request.routing is not None and request.admission is not None
+        ledger = self._state.ledger
+        routing = request.routing
         choice = self.router.choose(
-            request.routing, candidates, now_s, request.tried, check_room, hold_until_s
+            routing, candidates, now_s, request.tried, check_room, hold_until_s, ledger
         )
         if choice.replica_id is None:
             return None
         replica = self._state.replicas.get(choice.replica_id)
         if replica is None:
             return None
-        if not self._state.ledger.reserve(
-            request.request_id, replica.replica_id, request.admission.cost, now_s
+        if not ledger.reserve(
+            request.request_id, replica.replica_id, request.admission.cost, now_s, routing.block_hashes
         ):
             raise RuntimeError(f"request {request.request_id} already holds a reservation")
         self.leases.hold(request)

@@ -75,7 +75,7 @@ class Fleet:
         return self._pool_of_model.get(model, "")
 
     def snapshot(self, now_s: float) -> FleetSnapshot:
-        return FleetSnapshot(now_s, tuple(self.views(now_s)))
+        return FleetSnapshot(now_s, tuple(self.views(now_s)), self._state.ledger)
 
     def views(self, now_s: float) -> list[ReplicaView]:
         """Every replica's view at ``now_s``, reused while nothing in it changed. Health states are

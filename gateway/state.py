@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from admission.decision import AdmissionRequest
 from admission.ledger import InMemoryLedger
 from config.schema import GatewayConfig, Model, Pool
+from routing.prefix_hash import BLOCK_SIZE_TOKENS
 from routing.request import RoutingRequest
 from vocabulary.replica import Role, ScrapedMetrics
 
@@ -150,7 +151,7 @@ class GatewayState:
         state = cls(
             models={m.name: m for m in config.models},
             pools={p.name: p for p in config.pools},
-            ledger=InMemoryLedger(config.admission.reservation_lease_s),
+            ledger=InMemoryLedger(config.admission.reservation_lease_s, BLOCK_SIZE_TOKENS),
         )
         for pool in config.pools:
             state.set_pool_urls(pool.name, pool.replicas)

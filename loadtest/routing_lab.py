@@ -31,6 +31,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from admission.cost import CostEstimate
+from admission.ledger import InMemoryLedger
 from admission.tokenizer import ChatTemplate, TiktokenTokenizer
 from config.routing import RoutingConfig
 from loadtest.routing_traces import TRACES, LabTrace
@@ -40,6 +42,7 @@ from loadtest.workload import Trace
 from routing.request import RoutingRequest
 from routing.router import Router
 from vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
+from vocabulary.sharing import NOTHING_SHARED
 
 MODEL = "lab-model"
 
@@ -81,27 +84,15 @@ class Outcome:
 
 
 @dataclass(slots=True)
-class _Resident:
-    outcome: Outcome
-    produced: int = 0
-
-
-@dataclass(slots=True)
 class _Replica:
     replica_id: str
     engine: Engine
-    resident: dict[str, _Resident] = field(default_factory=dict)
+    ledger: InMemoryLedger
+    resident: dict[str, Outcome] = field(default_factory=dict)
     stepping: bool = False
     scraped: ScrapedMetrics | None = None
 
     def view(self) -> ReplicaView:
-        pending = remaining = reserved = 0
-        for entry in self.resident.values():
-            routing = entry.outcome.request.routing
-            if entry.outcome.first_token_s is None:
-                pending += routing.prompt_tokens
-            remaining += routing.max_output_tokens - entry.produced
-            reserved += routing.kv_tokens
         profile = self.engine.profile
         return ReplicaView(
             replica_id=self.replica_id,
@@ -113,7 +104,7 @@ class _Replica:
             max_sequences=profile.max_num_seqs,
             healthy=True,
             ready_since_s=-3600.0,
-            load=ReplicaLoad(pending, len(self.resident), remaining, reserved),
+            load=self.ledger.load(self.replica_id),
             scraped=self.scraped,
         )
 
@@ -169,10 +160,12 @@ def play(
     admission: bool = True,
     max_queue_wait_s: float = 30.0,
     scrape_every_s: float = 1.0,
+    sharing: bool = True,
 ) -> LabResult:
     """Every request of ``requests`` through one fleet of ``replicas`` engines behind ``config``'s router."""
     router = Router(config, random.Random(config.seed))
-    fleet = [_Replica(f"r{i}", Engine(profile, seed=i)) for i in range(replicas)]
+    ledger = InMemoryLedger()
+    fleet = [_Replica(f"r{i}", Engine(profile, seed=i), ledger) for i in range(replicas)]
     by_id = {replica.replica_id: replica for replica in fleet}
     outcomes = [Outcome(request) for request in requests]
     events: list[tuple[float, int, int, Outcome | _Step | None]] = []
@@ -204,13 +197,24 @@ def play(
         views = [replica.view() for replica in fleet]
         hold_s = min(config.prefix_hold_s, max_queue_wait_s / 2)
         hold_until_s = outcome.request.arrival_s + hold_s if queued else float("-inf")
-        decision = router.choose(outcome.request.routing, views, now_s, (), admission, hold_until_s)
+        decision = router.choose(
+            outcome.request.routing,
+            views,
+            now_s,
+            (),
+            admission,
+            hold_until_s,
+            ledger if sharing else NOTHING_SHARED,
+        )
         if decision.replica_id is None:
             return False
         replica = by_id[decision.replica_id]
         outcome.replica, outcome.routed_s = replica.replica_id, now_s
         request_id = f"q{outcome.request.index}"
-        replica.resident[request_id] = _Resident(outcome)
+        replica.resident[request_id] = outcome
+        routing = outcome.request.routing
+        cost = CostEstimate(MODEL, routing.prompt_tokens, routing.max_output_tokens, 0)
+        ledger.reserve(request_id, replica.replica_id, cost, now_s, routing.block_hashes if sharing else ())
         replica.engine.add_request(
             request_id,
             outcome.request.token_ids,
@@ -240,11 +244,12 @@ def play(
             if waiting or not place(item, now_s):
                 waiting.append(item)
         elif isinstance(item, _Step):
-            if _deliver(item.replica, item.result):
+            if _deliver(item.replica, item.result, ledger):
                 drain_queue(now_s)
             step(item.replica, now_s)
     for outcome in waiting:
         outcome.refused = True
+    assert ledger.totals() == ReplicaLoad(), "every reservation released"
     hits = sum(r.engine.stats.prefix_cache_hits_tokens for r in fleet)
     queries = sum(r.engine.stats.prefix_cache_queries_tokens for r in fleet)
     last_s = max((o.last_token_s or 0.0 for o in outcomes), default=0.0)
@@ -261,20 +266,22 @@ _STEP_END, _SCRAPE, _ARRIVE = 0, 1, 2
 """Event kinds in the order they are handled at one instant: tokens first, then what they freed."""
 
 
-def _deliver(replica: _Replica, result: StepResult) -> bool:
-    """Hand out the step's tokens; True when a sequence finished (its room is free again)."""
+def _deliver(replica: _Replica, result: StepResult, ledger: InMemoryLedger) -> bool:
+    """Hand out the step's tokens and account them as the gateway does; True when a sequence
+    finished (its room is free again)."""
     finished = False
     end_s = result.end_s
     for sequence in result.produced:
-        entry = replica.resident[sequence.request_id]
-        outcome = entry.outcome
+        request_id = sequence.request_id
+        outcome = replica.resident[request_id]
         if outcome.first_token_s is None:
             outcome.first_token_s = end_s
         outcome.last_token_s = end_s
         outcome.tokens += 1
-        entry.produced += 1
+        ledger.produced(request_id, outcome.tokens)
         if _done(sequence):
-            del replica.resident[sequence.request_id]
+            del replica.resident[request_id]
+            ledger.release(request_id)
             finished = True
     return finished
 

@@ -17,10 +17,10 @@ scrape of the replica's ``/metrics`` corrects the slot share upward when the rep
 requests waiting for a slot (traffic kvgate did not send still takes slots): then its running and
 waiting requests per slot. A scrape without a queue corrects nothing, because a scrape is up to an
 interval old: the requests it saw running may have finished since, and a replica kvgate just
-emptied would look full until the next one. The token share is not corrected: vLLM reports the KV in use now (prompts and tokens
-already produced), not the work still to come, so the larger of the two would mix quantities and
-keep a replica whose long sequences are about to finish looking full (measured in
-``loadtest.routing_lab``: it cost 4 points of goodput on the many-prefix trace). Candidates are
+emptied would look full until the next one. The token share is not corrected: vLLM reports the KV
+in use now (prompts and tokens already produced), not the work still to come, so the larger of the
+two would mix quantities and keep a replica whose long sequences are about to finish looking full
+(measured in ``loadtest.routing_lab``: it cost 4 points of goodput on the many-prefix trace). Candidates are
 compared like with like: if any candidate's scrape is stale or missing, every candidate is measured
 on kvgate's accounting alone, so a replica is never favoured just because its telemetry is older.
 """

@@ -25,6 +25,7 @@ from routing.policy import Policy
 from routing.prefix_index import PrefixIndex
 from routing.request import RoutingRequest
 from vocabulary.replica import ReplicaView
+from vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 
 
 class Router:
@@ -56,8 +57,9 @@ class Router:
         exclude: Collection[str] = frozenset(),
         check_room: bool = True,
         hold_until_s: float = float("-inf"),
+        resident: ResidentPrefixes = NOTHING_SHARED,
     ) -> RoutingDecision:
-        gate = Gate(request, now_s, exclude, check_room, hold_until_s)
+        gate = Gate(request, now_s, exclude, check_room, hold_until_s, resident)
         decision = self._policy.pick(request, replicas, gate)
         if decision.replica_id is not None and self._records_prefixes and request.block_hashes:
             self._index.record(decision.replica_id, request.block_hashes)

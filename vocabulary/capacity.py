@@ -3,7 +3,8 @@
 Two guards, both worst-case: the replica's KV cache must hold every admitted sequence at its full
 ``prompt + max_output`` length (so vLLM never has to preempt), and its active sequences must stay
 below the inter-token-latency guard (one more sequence slows every sequence already decoding), with a
-request of ``n`` sequences taking ``n`` of them.
+request of ``n`` sequences taking ``n`` of them. The prompt blocks requests resident on the replica
+already hold are not charged twice (``fits_sharing``, ``vocabulary/sharing.py``).
 Routing filters and the admission decision both ask this one question.
 
 ``routable`` is the question admission asks first: may the replica take a request for this model
@@ -14,7 +15,10 @@ conditions one at a time, to name the one that binds when nothing passes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from vocabulary.replica import ReplicaView, Role
+from vocabulary.sharing import ResidentPrefixes
 
 
 def kv_room_tokens(view: ReplicaView) -> int:
@@ -29,6 +33,24 @@ def fits(view: ReplicaView, kv_tokens: int, sequences: int, max_active_sequences
         kv_tokens <= view.kv_capacity_tokens - load.reserved_kv_tokens
         and load.resident_sequences + sequences <= max_active_sequences
     )
+
+
+def fits_sharing(
+    view: ReplicaView,
+    kv_tokens: int,
+    sequences: int,
+    max_active_sequences: int,
+    block_hashes: Sequence[int],
+    resident: ResidentPrefixes,
+) -> bool:
+    """``fits``, not charging the request for the prompt blocks ``resident`` says ``view`` holds
+    already; those are looked up only when the whole would not fit, which most checks never need."""
+    if fits(view, kv_tokens, sequences, max_active_sequences):
+        return True
+    if not block_hashes:
+        return False
+    shared = resident.shared_tokens(view.replica_id, block_hashes)
+    return shared > 0 and fits(view, kv_tokens - shared, sequences, max_active_sequences)
 
 
 def routable(view: ReplicaView, model: str, now_s: float) -> bool:
