@@ -130,6 +130,11 @@ class ProxyRequest:
     """What went wrong, when the gateway answered with an error or ended a stream with one."""
     trace: RequestTrace | None = None
     """The request's spans while it is served, when tracing is on."""
+    disaggregated: bool | None = None
+    """For a model served both whole and by a prefill+decode pair: whether this request goes through
+    the pair (``Model.disaggregated_share``); None when its model is served one way only."""
+    prefill_replica: ReplicaState | None = None
+    """The prefill replica that handed this request's KV to a decode replica, once one did."""
 
 
 @dataclass(slots=True, eq=False)
