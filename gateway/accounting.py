@@ -9,8 +9,8 @@ rate (learned in ``admission.rates``: its forecasts of queue waits and of a requ
 against a TTFT objective run on them, not on constants) and how prompt counts and output lengths
 compare with its estimates, and the metrics every latency once. ``closed`` records a whole
 response's TTFT that never reached the metrics because sending it to the client failed. A
-disaggregated request's time to first token is its prefill pool's (the phase that decides it), its
-inter-token latency and token counts its decode pool's.
+disaggregated request's time to first token and prompt tokens are its prefill pool's (the phase
+that decides them), its inter-token latency and output tokens its decode pool's.
 """
 
 from __future__ import annotations
@@ -82,16 +82,22 @@ class Accounting:
             controller.calibration.observe_prompt(request.model, estimated, prompt_tokens)
             controller.calibration.observe_output(request.model, output_tokens)
         ttft_s, request.ttft_s = request.ttft_s, None
-        if request.prefill_replica is not None and ttft_s is not None:
-            self._metrics.observe_ttft(request.prefill_replica.pool, request.model, ttft_s)
-            ttft_s = None
+        counted = prompt_tokens if admission is not None else None
+        prefill = request.prefill_replica
+        if prefill is not None:
+            if ttft_s is not None:
+                self._metrics.observe_ttft(prefill.pool, request.model, ttft_s)
+                ttft_s = None
+            if counted is not None:
+                self._metrics.record_prefill(prefill.pool, request.model, counted, estimated)
+                counted, estimated = 0, None
         self._metrics.record_response(
             replica.pool,
             request.model,
             ttft_s,
             now_s - request.arrived_s,
             itl_gaps_s,
-            prompt_tokens if admission is not None else None,
+            counted,
             output_tokens,
             estimated,
         )

@@ -137,6 +137,13 @@ class ProxyRequest:
     """The prefill replica that handed this request's KV to a decode replica, once one did."""
 
 
+def retries(request: ProxyRequest) -> int:
+    """Replicas the request was sent to beyond its first, not counting a disaggregated request's
+    hand-off to its decode replica (a second hop, not a retry)."""
+    hops = 1 if request.prefill_replica is None else 2
+    return max(0, len(request.tried) - hops)
+
+
 @dataclass(slots=True, eq=False)
 class GatewayState:
     models: dict[str, Model]

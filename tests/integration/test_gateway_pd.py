@@ -2,7 +2,7 @@
 prefill replica for its KV, then with the ``kv_transfer_params`` to a decode replica, and the
 client sees one ordinary OpenAI response, shaped as a mixed pool's. A prefill replica that dies
 before the hand-off is retried; a decode replica that dies mid-stream ends the stream cleanly; every
-work gauge on both pools comes back to zero."""
+work gauge on both pools comes back to zero, and each pool's signals are its own phase's."""
 
 from __future__ import annotations
 
@@ -81,13 +81,14 @@ async def ask(http: httpx.AsyncClient, path: str, stream: bool, max_tokens: int 
 
 
 async def work_gauges(gw: RunningGateway) -> dict[tuple[str, str], float]:
+    """kvgate's own work gauges per pool (not the replicas' scraped word, which lags a scrape)."""
     async with httpx.AsyncClient(base_url=gw.url) as http:
         page = (await http.get("/metrics")).text
     return {
         (s.name, s.labels.get("pool", "")): s.value
         for family in text_string_to_metric_families(page)
         for s in family.samples
-        if s.name in WORK_GAUGES
+        if s.name in WORK_GAUGES and s.labels.get("source", "estimate") == "estimate"
     }
 
 
@@ -122,6 +123,13 @@ async def test_chat_and_completion_streamed_or_not_have_a_mixed_pools_shape() ->
                         answer = orjson.loads(body)
                         assert shape(answer) == shape(orjson.loads(want)), path
                         assert answer["usage"]["completion_tokens"] == 12
+        async with httpx.AsyncClient(base_url=gw.url) as http:
+            pools = (await http.get("/signals")).json()["pools"]
+        assert pools["prefill"]["role"] == "prefill" and pools["decode"]["role"] == "decode"
+        assert pools["prefill"]["ttft_p95_s"] is not None and pools["prefill"]["itl_p95_s"] is None
+        assert pools["prefill"]["prompt_tokens_per_s"] > 0 == pools["prefill"]["output_tokens_per_s"]
+        assert pools["decode"]["itl_p95_s"] is not None and pools["decode"]["ttft_p95_s"] is None
+        assert pools["decode"]["output_tokens_per_s"] > 0 == pools["decode"]["prompt_tokens_per_s"]
         prefill, decode = fleet.replicas[:2], fleet.replicas[2:]
         assert sum(sum(r.engine.stats.request_success.values()) for r in prefill) == 4
         assert sum(sum(r.engine.stats.request_success.values()) for r in decode) == 4

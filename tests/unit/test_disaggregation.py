@@ -19,6 +19,7 @@ from admission.tenants import Tenant
 from config.admission import AdmissionConfig
 from config.loader import ConfigError, parse_config
 from gateway.relay import disaggregated_decode_body, disaggregated_prefill_body
+from gateway.state import ProxyRequest, ReplicaState, retries
 from kvgate.cli import main
 from vocabulary.capacity import routable, takes_handoff
 from vocabulary.replica import ReplicaLoad, ReplicaView, Role
@@ -157,3 +158,14 @@ def test_config_check_explains_an_incomplete_pair_and_names_a_complete_one(
         f"{MODEL}: prefill ['prefill'] hands off to decode ['decode'], 1 of its requests"
         in capsys.readouterr().out
     )
+
+
+def test_the_hand_off_to_the_decode_replica_is_a_hop_not_a_retry() -> None:
+    request = ProxyRequest(
+        "r", "r", "/v1/completions", MODEL, False, {}, b"", [], [], tried=["p1", "p2", "d1"]
+    )
+    assert retries(request) == 2
+    request.prefill_replica = ReplicaState(
+        "p2", "http://p2", "prefill", Role.PREFILL, frozenset({MODEL}), 1, 1
+    )
+    assert retries(request) == 1
