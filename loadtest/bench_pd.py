@@ -13,7 +13,8 @@ replica and charge its bytes over ``kv_link_bytes_per_s``. The trace is played t
 Printed per trace and target: requests, successes, goodput (both SLOs met: TTFT and the mean
 inter-token gap), TTFT p50/p95, inter-token gap p50/p95/p99, and the ITL stability P/D is for: the
 p95 over requests of each stream's longest gap (a mixed replica stalls its decodes while it runs a
-long prefill), with ratios against the mixed row. A markdown table and a PNG (goodput, ITL p99,
+long prefill), with ratios against the mixed row, and whether each fleet's simulator kept its
+schedule (``kvgate_sim_lag_ratio``). A markdown table and a PNG (goodput, ITL p99,
 worst-gap p95 and the gap CDFs) are written. Not a test.
 
     python -m loadtest.bench_pd [--gpus 4] [--prefill 2] [--rate 6] [--duration-s 20] [--slices 2]
@@ -37,6 +38,7 @@ from typing import Any
 import aiohttp
 import orjson
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import peers
 from loadtest.client import wait_until_ok
@@ -52,6 +54,7 @@ MIXED = "kvgate mixed"
 PD = "kvgate P/D"
 ROUTER_PD = "vllm-router P/D"
 TRACES = ("prefill-heavy", "decode-heavy")
+SIM_LAG_LIMIT_RATIO = 0.05
 CHAT = {"lognormal": {"median": 300, "sigma": 0.4, "min": 50, "max": 1000}}
 
 
@@ -103,6 +106,9 @@ class Row:
     target: str
     summary: Summary
     result: RunResult
+    lag_ratio: float
+    """The worst replica's ``kvgate_sim_lag_ratio``: above ``SIM_LAG_LIMIT_RATIO`` the simulator
+    ran slower than its schedule and the row's latencies are not the model's."""
 
     def gaps_s(self) -> list[float]:
         return sorted(gap for r in self.result.records if r.ok for gap in r.itl_s)
@@ -110,6 +116,18 @@ class Row:
     def worst_gap_p95_s(self) -> float | None:
         """The p95 over streams of each stream's longest inter-token gap: how badly decodes stall."""
         return _quantile(sorted(max(r.itl_s) for r in self.result.records if r.ok and r.itl_s), 0.95)
+
+
+async def sim_lag_ratio(session: aiohttp.ClientSession, fleet: Mapping[str, Sequence[str]]) -> float:
+    worst = 0.0
+    for url in (u for urls in fleet.values() for u in urls):
+        async with session.get(url + "/metrics") as response:
+            text = await response.text()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "kvgate_sim_lag_ratio":
+                    worst = max(worst, sample.value)
+    return worst
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -217,8 +235,8 @@ def table(rows: Sequence[Row], slo: Slo) -> str:
         "",
         "| trace | target | requests | ok | goodput % | TTFT p50 s | TTFT p95 s | ITL p50 ms | ITL p95 ms "
         "| ITL p99 ms | worst gap p95 ms | goodput vs mixed | TTFT p95 vs mixed | ITL p99 vs mixed "
-        "| worst gap vs mixed |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| worst gap vs mixed | sim lag |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         s = row.summary
@@ -230,8 +248,13 @@ def table(rows: Sequence[Row], slo: Slo) -> str:
             f"| {_fmt(s.ttft_p50_s)} | {_fmt(s.ttft_p95_s)} | {_fmt(s.itl_p50_s, 1000, 1)} "
             f"| {_fmt(s.itl_p95_s, 1000, 1)} | {_fmt(s.itl_p99_s, 1000, 1)} | {_fmt(worst, 1000, 1)} "
             f"| {_ratio(s.goodput_ratio, b.goodput_ratio)} | {_ratio(s.ttft_p95_s, b.ttft_p95_s)} "
-            f"| {_ratio(s.itl_p99_s, b.itl_p99_s)} | {_ratio(worst, base_worst)} |"
+            f"| {_ratio(s.itl_p99_s, b.itl_p99_s)} | {_ratio(worst, base_worst)} "
+            f"| {row.lag_ratio:.3f}{' LAGGED' if row.lag_ratio > SIM_LAG_LIMIT_RATIO else ''} |"
         )
+    lines.append(
+        f"\nsim lag: the worst simulated replica's lag over its busy time; above {SIM_LAG_LIMIT_RATIO} "
+        "(LAGGED) the simulator could not keep its schedule and that row's latencies are not the model's."
+    )
     return "\n".join(lines)
 
 
@@ -288,12 +311,12 @@ async def run_trace(name: str, args: argparse.Namespace, slo: Slo, router: str |
     with processes() as started:
         mixed_fleet = start_fleet(started, f"mixed:{args.gpus}", args)
         pd_fleet = start_fleet(started, f"prefill:{args.prefill},decode:{decode}", args)
+        fleets = {MIXED: mixed_fleet, PD: pd_fleet}
         urls = {MIXED: start_gateway(started, mixed_fleet), PD: start_gateway(started, pd_fleet)}
         routed = None
         if router is not None:
-            routed = start_router(
-                started, router, start_fleet(started, f"prefill:{args.prefill},decode:{decode}", args)
-            )
+            fleets[ROUTER_PD] = start_fleet(started, f"prefill:{args.prefill},decode:{decode}", args)
+            routed = start_router(started, router, fleets[ROUTER_PD])
         async with aiohttp.ClientSession() as session:
             for url in urls.values():
                 await wait_until_ok(session, url + "/readyz")
@@ -307,8 +330,10 @@ async def run_trace(name: str, args: argparse.Namespace, slo: Slo, router: str |
         targets = [Target(target, url, DEFAULT_MODEL) for target, url in urls.items()]
         options = RunOptions(progress=sys.stderr)
         results = await run_compare(targets, trace, options, slice_count=args.slices, same_prompts=True)
+        async with aiohttp.ClientSession() as session:
+            lags = {target: await sim_lag_ratio(session, fleets[target]) for target in urls}
     return [
-        Row(name, result.target.name, summary, result)
+        Row(name, result.target.name, summary, result, lags[result.target.name])
         for result, summary in zip(results, summaries_for(results, slo), strict=True)
     ]
 
