@@ -199,3 +199,25 @@ async def test_a_full_decode_pool_refuses_before_any_prefill_with_its_own_wait()
             await fleet.resume(1)
             assert (await held)[0] == 200
             await assert_pools_idle(gw)
+
+
+async def test_a_migration_splits_a_models_requests_between_the_mixed_pool_and_the_pair_by_share() -> None:
+    async with pd_fleet(prefill=1, decode=1) as fleet:
+        mixed = await fleet.add_replica()
+        pools = [p.model_dump() for p in pd_config(fleet, prefill=1).pools]
+        pools[1]["replicas"] = [fleet.urls[1]]
+        pools.append({"name": "whole", "role": "mixed", "replicas": [mixed.url], **CAPACITY})
+        model = {
+            "name": MODEL,
+            "max_model_len": 131072,
+            "kv_bytes_per_token": 131072,
+            "disaggregated_share": 0.25,
+        }
+        config = gateway_config([], models=[model], pools=pools, health=FAST)
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            for stream in (False, True, False, True, False, True, False, True):
+                status, _ = await ask(http, "/v1/completions", stream)
+                assert status == 200
+            await assert_pools_idle(gw)
+        served = [sum(r.engine.stats.request_success.values()) for r in fleet.replicas]
+        assert served == [2, 2, 6], "a quarter through prefill + decode, the rest whole"
