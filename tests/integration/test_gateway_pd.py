@@ -37,7 +37,7 @@ def pd_config(fleet: SimFleet, prefill: int, **sections: Any) -> GatewayConfig:
         {"name": "prefill", "role": "prefill", "replicas": urls[:prefill], **CAPACITY},
         {"name": "decode", "role": "decode", "replicas": urls[prefill:], **CAPACITY},
     ]
-    return gateway_config([], pools=pools, health=FAST, **sections)
+    return gateway_config([], pools=pools, **{"health": FAST, **sections})
 
 
 @asynccontextmanager
@@ -138,7 +138,11 @@ async def test_chat_and_completion_streamed_or_not_have_a_mixed_pools_shape() ->
 
 
 async def test_a_prefill_replica_killed_before_the_hand_off_is_retried() -> None:
-    async with pd_fleet(prefill=2, decode=1) as fleet, running_gateway(pd_config(fleet, prefill=2)) as gw:
+    patient = {"interval_s": 1.0, "timeout_s": 2.0}  # probes of the paused replicas do not eject them first
+    async with (
+        pd_fleet(prefill=2, decode=1) as fleet,
+        running_gateway(pd_config(fleet, 2, health=patient)) as gw,
+    ):
         await fleet.pause(0)
         await fleet.pause(1)
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
