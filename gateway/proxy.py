@@ -2,7 +2,8 @@
 
 ``Proxy._serve`` is the request's life, read top to bottom, each step a call into its owner:
 parse (here) → price (``Pricer``) → admit and route (``Dispatcher``, which may queue it) → proxy
-(``Relay``, retrying on another replica while nothing reached the client) → account
+(``Relay``, retrying on another replica while nothing reached the client; a request routed to a
+prefill replica goes in two hops, ``gateway.handoff``) → account
 (``Accounting``, as the answer streams) → release (``Dispatcher``, once, in ``finally``). A refusal
 at any step is a value, rendered for the client by ``errors.refusal_error``.
 
@@ -41,9 +42,10 @@ from gateway.errors import (
     refusal_error,
 )
 from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
-from gateway.relay import Relay, disaggregated_decode_body
+from gateway.handoff import Handoff
+from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
-from gateway.state import GatewayState, ProxyRequest, ReplicaState
+from gateway.state import GatewayState, ProxyRequest
 from vocabulary.replica import Role
 
 if TYPE_CHECKING:
@@ -86,6 +88,7 @@ class Proxy:
             retry_after_cap_s,
             tracing,
         )
+        self._handoff = Handoff(state, self._relay, path.dispatcher, self._refuse)
         self._access_log = access_log
         self._tracing = tracing
         self._max_body_bytes = server.max_body_bytes
@@ -150,7 +153,7 @@ class Proxy:
                 replica = route.replica
                 request.replica = replica
                 if replica.role is _PREFILL:
-                    failure = await self._disaggregated(request, replica, send)
+                    failure = await self._handoff.serve(request, replica, send)
                 else:
                     replica.in_flight += 1
                     state.in_flight += 1
@@ -170,49 +173,6 @@ class Proxy:
             state.served += 1
             self._dispatcher.release(request)
             self._accounting.closed(request, route.replica)
-
-    async def _disaggregated(
-        self, request: ProxyRequest, prefill: ReplicaState, send: Send
-    ) -> GatewayError | None:
-        """Serve a request in two hops, as vLLM's disaggregated serving expects: the prefill replica
-        computes the prompt's KV and answers where it is (``kv_transfer_params``); the request
-        then goes, with them, to a decode replica (``Dispatcher.hand_off``), whose answer is relayed
-        as any other. A prefill failure is returned (the caller retries on another prefill
-        replica); a decode replica failing before the first byte is replaced by another (the prefill
-        replica still holds the KV); one failing after it ends the stream as ``Relay`` ends any."""
-        state = self._state
-        state.in_flight += 1
-        try:
-            prefill.in_flight += 1
-            try:
-                params = await self._relay.prefill(request, prefill, send)
-            finally:
-                prefill.in_flight -= 1
-            if not isinstance(params, dict):
-                return params
-            request.prefill_replica = prefill
-            request.raw_body = disaggregated_decode_body(request.body, params)
-            outcome: Route | Refusal | None = self._dispatcher.hand_off(request)
-            failure: GatewayError | None = None
-            while isinstance(outcome, Route):
-                decode = outcome.replica
-                request.replica = decode
-                decode.in_flight += 1
-                try:
-                    failure = await self._relay.attempt(request, decode, send)
-                finally:
-                    decode.in_flight -= 1
-                if failure is None:
-                    return None
-                outcome = self._dispatcher.retry_hand_off(request)
-            if isinstance(outcome, Refusal):
-                self._dispatcher.count_handoff_refusal(request, outcome)
-                failure = refusal_error(outcome)
-            assert failure is not None
-            await self._refuse(send, request, failure)
-            return None
-        finally:
-            state.in_flight -= 1
 
     def _done(self, request: ProxyRequest) -> None:
         """Record the finished request, once: its spans and its access-log line."""

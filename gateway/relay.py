@@ -26,6 +26,7 @@ from gateway.accounting import Accounting
 from gateway.errors import BadGateway, GatewayError, translate_upstream, upstream_status_error
 from gateway.fleet import Fleet
 from gateway.forwarding import NOT_RELAYED, SET_COOKIE, relay_headers
+from gateway.handoff import handoff_params, prefill_body
 from gateway.metrics import GatewayMetrics
 from gateway.replica_http import ReplicaClient, ReplicaResponse
 from gateway.state import ProxyRequest, ReplicaState
@@ -44,15 +45,6 @@ _CARRY_MAX_BYTES = 1 << 20
 """An unfinished event longer than this is relayed as it is rather than held back."""
 _DONE_EVENT = b"data: [DONE]\n\n"
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
-_NOT_FOR_PREFILL = frozenset({"stream_options", "min_tokens", "min_completion_tokens", "kv_transfer_params"})
-_PREFILL_PARAMS = {
-    "do_remote_decode": True,
-    "do_remote_prefill": False,
-    "remote_engine_id": None,
-    "remote_block_ids": None,
-    "remote_host": None,
-    "remote_port": None,
-}
 
 
 class Relay:
@@ -150,7 +142,7 @@ class Relay:
         self, request: ProxyRequest, replica: ReplicaState, send: Send
     ) -> dict[str, Any] | GatewayError | None:
         """The first hop of a disaggregated request: the prefill replica computes the prompt's KV
-        (``disaggregated_prefill_body``) and answers the ``kv_transfer_params`` a decode replica
+        (``gateway.handoff.prefill_body``) and answers the ``kv_transfer_params`` a decode replica
         needs, which are returned. A 429, a 5xx, no answer or an answer without the parameters is
         returned as an error the proxy may retry on another prefill replica; any other answer (a
         400 for the client's own request) is relayed to the client as it is, and None returned."""
@@ -160,7 +152,7 @@ class Relay:
             response = await self._client.post(
                 replica.url,
                 request.endpoint,
-                disaggregated_prefill_body(request.body),
+                prefill_body(request.body),
                 self._upstream_headers(request, replica),
                 stream=False,
             )
@@ -181,7 +173,7 @@ class Relay:
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": body})
                 return None
-            params = _handoff_params(body)
+            params = handoff_params(body)
             if params is None:
                 self._fleet.observe(replica, None)
                 return BadGateway(f"prefill replica {replica.name} answered without kv_transfer_params")
@@ -270,36 +262,6 @@ class Relay:
             await send({"type": "http.response.body", "body": carry, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return ((last_s - first_s) / (events - 1) if events > 1 else None), gaps_s
-
-
-def disaggregated_prefill_body(body: dict[str, Any]) -> bytes:
-    """The request as a prefill replica takes it (vLLM's disaggregated-serving proxy protocol): one
-    token (``max_tokens`` and, when given, ``max_completion_tokens``), not streamed, without the
-    options a one-token answer cannot honour (``stream_options``, ``min_tokens``), asking its KV
-    connector to keep the prompt's KV for a remote decode."""
-    prefill = {k: v for k, v in body.items() if k not in _NOT_FOR_PREFILL}
-    prefill["max_tokens"] = 1
-    if "max_completion_tokens" in body:
-        prefill["max_completion_tokens"] = 1
-    prefill["stream"] = False
-    prefill["kv_transfer_params"] = _PREFILL_PARAMS
-    return orjson.dumps(prefill)
-
-
-def disaggregated_decode_body(body: dict[str, Any], params: dict[str, Any]) -> bytes:
-    """The request as the decode replica takes it: as the client sent it (capped as priced), with
-    the prefill replica's ``kv_transfer_params`` so its connector pulls the KV instead of
-    computing it."""
-    return orjson.dumps({**body, "kv_transfer_params": params})
-
-
-def _handoff_params(body: bytes) -> dict[str, Any] | None:
-    try:
-        parsed = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
-    params = parsed.get("kv_transfer_params") if isinstance(parsed, dict) else None
-    return params if isinstance(params, dict) and params else None
 
 
 def _retry_after_s(value: bytes | None) -> float | None:

@@ -18,7 +18,7 @@ from admission.ledger import InMemoryLedger
 from admission.tenants import Tenant
 from config.admission import AdmissionConfig
 from config.loader import ConfigError, parse_config
-from gateway.relay import disaggregated_decode_body, disaggregated_prefill_body
+from gateway.handoff import decode_body, prefill_body
 from gateway.state import ProxyRequest, ReplicaState, retries
 from kvgate.cli import main
 from vocabulary.capacity import routable, takes_handoff
@@ -102,7 +102,7 @@ def test_the_prefill_body_asks_for_one_token_and_a_remote_decode_the_decode_body
         "stream_options": {"include_usage": True},
         "min_tokens": 3,
     }
-    prefill = orjson.loads(disaggregated_prefill_body(body))
+    prefill = orjson.loads(prefill_body(body))
     assert prefill["max_tokens"] == prefill["max_completion_tokens"] == 1 and prefill["stream"] is False
     assert "stream_options" not in prefill and "min_tokens" not in prefill
     assert prefill["kv_transfer_params"] == {
@@ -114,7 +114,7 @@ def test_the_prefill_body_asks_for_one_token_and_a_remote_decode_the_decode_body
         "remote_port": None,
     }
     handoff = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_block_ids": [1]}
-    decode = orjson.loads(disaggregated_decode_body(body, handoff))
+    decode = orjson.loads(decode_body(body, handoff))
     assert decode == {**body, "kv_transfer_params": handoff}
 
 
