@@ -131,6 +131,18 @@ class ProxyRequest:
     """What went wrong, when the gateway answered with an error or ended a stream with one."""
     trace: RequestTrace | None = None
     """The request's spans while it is served, when tracing is on."""
+    disaggregated: bool | None = None
+    """For a model served both whole and by a prefill+decode pair: whether this request goes through
+    the pair (``Model.disaggregated_share``); None when its model is served one way only."""
+    prefill_replica: ReplicaState | None = None
+    """The prefill replica that handed this request's KV to a decode replica, once one did."""
+
+
+def retries(request: ProxyRequest) -> int:
+    """Replicas the request was sent to beyond its first, not counting a disaggregated request's
+    hand-off to its decode replica (a second hop, not a retry)."""
+    hops = 1 if request.prefill_replica is None else 2
+    return max(0, len(request.tried) - hops)
 
 
 @dataclass(slots=True, eq=False)

@@ -9,8 +9,9 @@ Routing filters and the admission decision both ask this one question.
 
 ``routable`` is the question admission asks first: may the replica take a request for this model
 at all now (healthy, ready, out of back-off, serving the model, and not a decode-only replica,
-which takes work only by hand-off)? Routing's filter chain (``routing.filters``) asks the same
-conditions one at a time, to name the one that binds when nothing passes.
+which takes work only by hand-off, asked through ``takes_handoff``)? Routing's filter chain
+(``routing.filters``) asks the same conditions one at a time, to name the one that binds when
+nothing passes.
 """
 
 from __future__ import annotations
@@ -61,4 +62,17 @@ def routable(view: ReplicaView, model: str, now_s: float) -> bool:
         and view.backoff_until_s <= now_s
         and model in view.models
         and view.role is not Role.DECODE
+    )
+
+
+def takes_handoff(view: ReplicaView, model: str, now_s: float) -> bool:
+    """``routable``'s question for the second hop of a disaggregated request: a decode replica,
+    otherwise as able to take work as ``routable`` asks."""
+    return (
+        view.role is Role.DECODE
+        and view.healthy
+        and view.ready_since_s is not None
+        and view.ready_since_s <= now_s
+        and view.backoff_until_s <= now_s
+        and model in view.models
     )
