@@ -365,7 +365,11 @@ async def bench(args: argparse.Namespace) -> None:
             targets = [Target(name, url, DEFAULT_MODEL) for name, url in gateways.items()]
             retry = RetryPolicy(max_retries=args.retries, max_header_wait_s=30.0) if args.retries else None
             results = await run_compare(
-                targets, trace, RunOptions(retry=retry), slice_count=args.slices, same_prompts=True
+                targets,
+                trace,
+                RunOptions(retry=retry, progress=sys.stderr),
+                slice_count=args.slices,
+                same_prompts=True,
             )
             after = {name: await fleet_counters(session, fleets[name]) for name in gateways}
     runs = []
