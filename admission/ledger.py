@@ -13,12 +13,18 @@ The ``Ledger`` Protocol is the seam for a shared ledger (several gateway process
 reservation carries a lease that its holder renews, and ``expire`` drops reservations whose holder
 stopped renewing, so a crashed gateway's reservations do not leak capacity forever.
 
-Prompt blocks are counted once per replica: a reservation may name its prompt's chained block
-hashes, and a replica's reserved KV is every distinct held block once plus, per reservation, the
-rest of its worst case (the prompt's partial last block and its output), as vLLM's prefix cache
-keeps one copy of a block its running sequences share. The block counts are reference counts, so
-whichever of the sharing requests ends last takes the shared blocks with it, and the ledger answers
-``shared_tokens`` (``vocabulary.sharing.ResidentPrefixes``) for the room checks.
+Prompt blocks are counted once per replica, as vLLM's prefix cache holds them: a reservation may
+name its prompt's chained block hashes, and a replica's *shared* blocks are those some reservation
+there has computed (its first token was seen, so its prompt's full blocks are in the replica's
+cache). A new reservation is not charged for the leading blocks of its prompt that are shared (it
+will hit them), and holds them while it lives; the rest of its prompt it computes itself, so it is
+charged for it, and once its first token is seen its blocks not yet shared become shared (a block
+someone else computed meanwhile stays its own copy, as vLLM's does). So a replica's reserved KV is
+every shared block once plus, per reservation, its worst case beyond the shared blocks it holds;
+blocks are reference-counted, so the last reservation holding a shared block takes it with it. The
+ledger answers ``shared_tokens`` (``vocabulary.sharing.ResidentPrefixes``) for the room checks.
+Two requests that arrive together with one new system prompt are both charged for it, as both
+compute it: a block is never counted shared before it exists.
 """
 
 from __future__ import annotations
@@ -117,12 +123,11 @@ class InMemoryLedger:
         self._loads: dict[str, ReplicaLoad] = {}
         self._leases: list[tuple[float, str]] = []
         self._blocks: dict[str, Counter[int]] = {}
-        """Per replica, how many reservations hold each prompt block."""
+        """Per replica, the shared (computed) prompt blocks and how many reservations hold each."""
         self._prompts: dict[str, Sequence[int]] = {}
-        """Each reservation's prompt blocks, when it named them. A replica's reserved KV is
-        ``block_tokens`` per distinct held block plus each reservation's worst case beyond its
-        blocks: a reservation adds its worst case less the blocks already held, and its release
-        takes its worst case less the blocks others still hold."""
+        """Each reservation's prompt blocks until its first token, when it named them."""
+        self._holds: dict[str, list[int]] = {}
+        """The shared blocks each reservation holds (and is not charged for on its own)."""
 
     def reserve(
         self,
@@ -138,35 +143,32 @@ class InMemoryLedger:
         self._put(held)
         kv_tokens = cost.kv_tokens
         if block_hashes:
-            blocks = self._blocks.get(replica_id)
-            if blocks is None:
-                blocks = self._blocks[replica_id] = Counter()
-            shared = 0
-            for block in block_hashes:
-                if blocks[block]:
-                    shared += 1
-                blocks[block] += 1
-            kv_tokens -= shared * self.block_tokens
-            self._prompts[request_id] = block_hashes
+            shared = self.shared_tokens(replica_id, block_hashes) // self.block_tokens
+            if shared:
+                blocks = self._blocks[replica_id]
+                held_blocks = list(block_hashes[:shared])
+                for block in held_blocks:
+                    blocks[block] += 1
+                self._holds[request_id] = held_blocks
+                kv_tokens -= shared * self.block_tokens
+            if shared < len(block_hashes):
+                self._prompts[request_id] = block_hashes
         self._shift(replica_id, cost.prompt_tokens, cost.sequences, cost.max_output_tokens, kv_tokens)
         self._push_lease(held)
         return True
 
     def shared_tokens(self, replica_id: str, block_hashes: Sequence[int]) -> int:
-        """Prompt tokens of ``block_hashes`` that reservations on ``replica_id`` hold: the longest
-        held prefix (chained hashes: a held block means all before it are), found by bisection, so
-        a long prompt costs a few lookups."""
+        """Prompt tokens of ``block_hashes`` shared on ``replica_id``: its leading blocks that are.
+        Asked only when a request would not fit whole, and over with the first block not shared."""
         blocks = self._blocks.get(replica_id)
-        if not blocks or not block_hashes or block_hashes[0] not in blocks:
+        if not blocks:
             return 0
-        low, high = 1, len(block_hashes)
-        while low < high:
-            mid = (low + high + 1) // 2
-            if block_hashes[mid - 1] in blocks:
-                low = mid
-            else:
-                high = mid - 1
-        return low * self.block_tokens
+        count = 0
+        for block in block_hashes:
+            if block not in blocks:
+                break
+            count += 1
+        return count * self.block_tokens
 
     def first_token(self, request_id: str) -> bool:
         held = self._held.get(request_id)
@@ -174,6 +176,7 @@ class InMemoryLedger:
             return False
         self._put(_decoding(held, held.produced_tokens))
         self._shift(held.replica_id, -held.cost.prompt_tokens, 0, 0, 0)
+        self._share_computed(held)
         return True
 
     def produced(self, request_id: str, produced_tokens: int) -> bool:
@@ -191,7 +194,27 @@ class InMemoryLedger:
             held.produced_tokens - total,
             0,
         )
+        if not held.first_token_seen:
+            self._share_computed(held)
         return True
+
+    def _share_computed(self, held: Reservation) -> None:
+        """``held``'s prefill is done: its prompt blocks are in the replica's cache, and those no one
+        shares yet become shared, held by it (moved from its own charge to the shared blocks: the
+        replica's reserved KV does not change)."""
+        prompt = self._prompts.pop(held.request_id, None)
+        if not prompt:
+            return
+        blocks = self._blocks.get(held.replica_id)
+        if blocks is None:
+            blocks = self._blocks[held.replica_id] = Counter()
+        holds = self._holds.get(held.request_id)
+        if holds is None:
+            holds = self._holds[held.request_id] = []
+        for block in prompt[len(holds) :]:
+            if block not in blocks:
+                blocks[block] = 1
+                holds.append(block)
 
     def release(self, request_id: str) -> bool:
         held = self._held.pop(request_id, None)
@@ -200,18 +223,19 @@ class InMemoryLedger:
         replica_id = held.replica_id
         del self._by_replica[replica_id][request_id]
         kv_tokens = held.cost.kv_tokens
-        prompt = self._prompts.pop(request_id, None)
-        if prompt:
+        self._prompts.pop(request_id, None)
+        holds = self._holds.pop(request_id, None)
+        if holds:
             blocks = self._blocks[replica_id]
-            still_held = 0
-            for block in prompt:
+            still_shared = 0
+            for block in holds:
                 count = blocks[block] - 1
                 if count:
                     blocks[block] = count
-                    still_held += 1
+                    still_shared += 1
                 else:
                     del blocks[block]
-            kv_tokens -= still_held * self.block_tokens
+            kv_tokens -= still_shared * self.block_tokens
             if not blocks:
                 del self._blocks[replica_id]
         self._shift(

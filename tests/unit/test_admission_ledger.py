@@ -16,18 +16,21 @@ def cost(prompt: int, max_output: int) -> CostEstimate:
     return CostEstimate("m", prompt, max_output, 131072)
 
 
-def test_a_prompt_prefix_shared_on_one_replica_is_reserved_once_until_its_last_holder_ends() -> None:
+def test_a_computed_prompt_prefix_is_reserved_once_on_its_replica_until_its_last_holder_ends() -> None:
     system = tuple(range(100))
     ledger = InMemoryLedger(block_tokens=16)
     assert ledger.reserve("a", "r0", cost(1_700, 100), 0.0, (*system, 500, 501))
     assert ledger.load("r0").reserved_kv_tokens == 1_800
+    # Not computed yet: a second request with the same prompt computes it too and pays for it.
+    assert ledger.shared_tokens("r0", (*system, 900)) == 0
+    assert ledger.first_token("a")
     assert ledger.shared_tokens("r0", (*system, 900)) == 1_600
     assert ledger.shared_tokens("r1", (*system, 900)) == 0
     assert ledger.reserve("b", "r0", cost(1_650, 100), 0.0, (*system, 600))
     assert ledger.load("r0").reserved_kv_tokens == 1_800 + 1_750 - 1_600
     assert ledger.reserve("c", "r1", cost(1_650, 100), 0.0, (*system, 600))
     assert ledger.load("r1").reserved_kv_tokens == 1_750
-    # The first holder ends first: the shared blocks stay, charged to the one still using them.
+    # The first holder ends first: the shared blocks stay, held by the one still using them.
     assert ledger.release("a")
     assert ledger.load("r0").reserved_kv_tokens == 1_750
     assert ledger.shared_tokens("r0", (*system, 900)) == 1_600
@@ -106,6 +109,9 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger = InMemoryLedger(lease_s=5.0)
         self.now_s = 0.0
         self.held: dict[str, tuple[str, int, int, bool, int, tuple[int, ...]]] = {}
+        self.shared: dict[str, dict[int, int]] = {replica_id: {} for replica_id in REPLICAS}
+        """The model of shared blocks: per replica, block -> reservations holding it."""
+        self.holds: dict[str, list[int]] = {}
 
     @rule(
         request_id=st.sampled_from(REQUEST_IDS),
@@ -125,11 +131,39 @@ class LedgerMachine(RuleBasedStateMachine):
         assert took == (request_id not in self.held)
         if took:
             self.held[request_id] = (replica_id, prompt, max_output, False, 0, blocks)
+            pool = self.shared[replica_id]
+            holds = []
+            for block in blocks:
+                if block not in pool:
+                    break
+                pool[block] += 1
+                holds.append(block)
+            self.holds[request_id] = holds
+
+    def computed(self, request_id: str) -> None:
+        """The model of a first token: the prompt's blocks nobody shares become shared, held by it."""
+        replica_id, _, _, first, _, blocks = self.held[request_id]
+        if first:
+            return
+        pool, holds = self.shared[replica_id], self.holds[request_id]
+        for block in blocks[len(holds) :]:
+            if block not in pool:
+                pool[block] = 1
+                holds.append(block)
+
+    def dropped(self, request_id: str) -> None:
+        replica_id = self.held.pop(request_id)[0]
+        pool = self.shared[replica_id]
+        for block in self.holds.pop(request_id):
+            pool[block] -= 1
+            if not pool[block]:
+                del pool[block]
 
     @rule(request_id=st.sampled_from(REQUEST_IDS))
     def first_token(self, request_id: str) -> None:
         self.ledger.first_token(request_id)
         if request_id in self.held:
+            self.computed(request_id)
             replica_id, prompt, max_output, _, produced, blocks = self.held[request_id]
             self.held[request_id] = (replica_id, prompt, max_output, True, produced, blocks)
 
@@ -137,6 +171,8 @@ class LedgerMachine(RuleBasedStateMachine):
     def produced(self, request_id: str, total: int) -> None:
         self.ledger.produced(request_id, total)
         if request_id in self.held:
+            if total > 0:
+                self.computed(request_id)
             replica_id, prompt, max_output, first, produced, blocks = self.held[request_id]
             new_total = min(max(total, produced), max_output)
             self.held[request_id] = (replica_id, prompt, max_output, first or total > 0, new_total, blocks)
@@ -144,7 +180,8 @@ class LedgerMachine(RuleBasedStateMachine):
     @rule(request_id=st.sampled_from(REQUEST_IDS))
     def release(self, request_id: str) -> None:
         assert self.ledger.release(request_id) == (request_id in self.held)
-        self.held.pop(request_id, None)
+        if request_id in self.held:
+            self.dropped(request_id)
 
     @rule(request_id=st.sampled_from(REQUEST_IDS))
     def renew(self, request_id: str) -> None:
@@ -155,12 +192,13 @@ class LedgerMachine(RuleBasedStateMachine):
         self.now_s += step_s
         for gone in self.ledger.expire(self.now_s):
             assert gone.lease_expires_at_s <= self.now_s
-            del self.held[gone.request_id]
+            self.dropped(gone.request_id)
 
     @rule(replica_id=st.sampled_from(REPLICAS))
     def replica_dies(self, replica_id: str) -> None:
         for gone in self.ledger.release_replica(replica_id):
-            assert self.held.pop(gone.request_id)[0] == replica_id
+            assert self.held[gone.request_id][0] == replica_id
+            self.dropped(gone.request_id)
 
     @precondition(lambda self: bool(self.held))
     @rule()
@@ -168,27 +206,28 @@ class LedgerMachine(RuleBasedStateMachine):
         for request_id in list(self.held):
             assert self.ledger.release(request_id)
             assert not self.ledger.release(request_id)
-        self.held.clear()
+            self.dropped(request_id)
         assert self.ledger.totals() == ReplicaLoad()
 
     @invariant()
     def loads_match_the_model(self) -> None:
-        """Reserved KV: each distinct named block once, plus each request's worst case beyond its
-        named blocks."""
+        """Reserved KV: each shared block once, plus each request's worst case beyond the shared
+        blocks it holds; a prompt's shared tokens are its leading shared blocks."""
         for replica_id in REPLICAS:
-            mine = [h for h in self.held.values() if h[0] == replica_id]
-            distinct = {block for h in mine for block in h[5]}
+            mine = {r: h for r, h in self.held.items() if h[0] == replica_id}
+            pool = self.shared[replica_id]
             assert self.ledger.load(replica_id) == ReplicaLoad(
-                pending_prompt_tokens=sum(h[1] for h in mine if not h[3]),
+                pending_prompt_tokens=sum(h[1] for h in mine.values() if not h[3]),
                 resident_sequences=len(mine),
-                remaining_decode_tokens=sum(h[2] - h[4] for h in mine),
-                reserved_kv_tokens=16 * len(distinct) + sum(h[1] + h[2] - 16 * len(h[5]) for h in mine),
+                remaining_decode_tokens=sum(h[2] - h[4] for h in mine.values()),
+                reserved_kv_tokens=16 * len(pool)
+                + sum(h[1] + h[2] - 16 * len(self.holds[r]) for r, h in mine.items()),
             )
             assert len(self.ledger.resident(replica_id)) == len(mine)
             for family in range(3):
-                prompt = tuple(1000 * family + i for i in range(400))
-                held = sum(1 for block in prompt if block in distinct)
-                assert self.ledger.shared_tokens(replica_id, prompt) == 16 * held
+                prompt = [1000 * family + i for i in range(400)]
+                leading = next((i for i, block in enumerate(prompt) if block not in pool), len(prompt))
+                assert self.ledger.shared_tokens(replica_id, prompt) == 16 * leading
 
     @invariant()
     def nothing_in_flight_means_all_zero(self) -> None:
