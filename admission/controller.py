@@ -268,6 +268,13 @@ class AdmissionController:
         self._promises.expire(now_s)
         return dataclasses.replace(self._queue.stats(now_s), promised_requests=len(self._promises))
 
+    def unmet(self, now_s: float) -> tuple[int, int]:
+        """Demand the fleet did not take: KV tokens and requests queued or refused with a promise
+        still open (``admission.claims`` sizes a gateway's claims on it)."""
+        self._promises.expire(now_s)
+        queued = self._queue.stats(now_s)
+        return queued.kv_tokens + self._promises.kv_tokens, queued.requests + len(self._promises)
+
     def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> None:
         """Book the refused request a slot at its Retry-After when the queue's bounds leave room."""
         if self._has_room(request.cost.kv_tokens):

@@ -48,6 +48,10 @@ def _never_refused(now_s: float) -> Refusal | None:
     return None
 
 
+def _nothing() -> None:
+    return None
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -71,6 +75,8 @@ class Dispatcher:
         self.leases = Leases(state, metrics, fleet.pool_of, clock())
         self.coordination_refusal: Callable[[float], Refusal | None] = _never_refused
         """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
+        self.on_unmet: Callable[[], None] = _nothing
+        """Called when a request is queued or refused for capacity (``RedisCoordinator.top_up``)."""
 
     def queued_requests(self) -> list[ProxyRequest]:
         return [request for request, _ in self._pump.waiters()]
@@ -90,6 +96,8 @@ class Dispatcher:
         decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
         if isinstance(decision, Refusal):
             self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=model)
+            if decision.status == 429:
+                self.on_unmet()
             return decision
         if isinstance(decision, Admit):
             route = self._place(request, decision.candidates, now_s)
@@ -101,6 +109,7 @@ class Dispatcher:
             message = f"No replica serving '{model}' can take the request now."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
         self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=model)
+        self.on_unmet()
         return await self._wait(request, decision, now_s)
 
     def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:

@@ -1,8 +1,8 @@
 """The live fleet as the decisions see it: one ``FleetSnapshot`` per decision, and replica health.
 
 ``Fleet.snapshot`` assembles each replica's ``ReplicaView`` from the gateway state (pool, role,
-capacity, last scrape, TTFT), the reservations ledger (plus other gateways' loads, when
-coordinated) and the ``HealthTracker``. A replica's view is rebuilt only when something in it
+capacity, last scrape, TTFT), the reservations ledger (plus, when coordinated, what lies outside this
+gateway's claims) and the ``HealthTracker``. A replica's view is rebuilt only when something in it
 changed since the last snapshot; otherwise the view built then is handed out again (views are
 frozen, so sharing is safe). A replica whose KV capacity is not known yet (``0``: none configured,
 none scraped) is not healthy in its view: admission has nothing to weigh it against.
@@ -62,7 +62,8 @@ class Fleet:
         self._views: dict[str, tuple[ReplicaState, ReplicaHealth, ReplicaView]] = {}
         """Per replica id: the view last built, with the state and health it was built from."""
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
-        """Other gateways' reservations per replica (``RedisCoordinator``), added to the ledger's."""
+        """What lies outside this gateway's claims per replica (``RedisCoordinator``), added to the
+        ledger's as load, so a request fits only within the claim."""
         self.on_recovered: Callable[[], None] = _nothing
         """Called when a replica becomes healthy: queued work may fit now."""
         self._pool_of_model = {

@@ -177,7 +177,7 @@ class CoordinationGauges(Collector):
         status = self._status()
         up = GaugeMetricFamily(
             "kvgate_coordination_up",
-            "1 while the gateway sees the other gateways' loads through Redis (last sync good and "
+            "1 while the gateway sees the other gateways' claims through Redis (last sync good and "
             "within the lease), 0 otherwise.",
             value=1.0 if status.up else 0.0,
         )
