@@ -76,6 +76,11 @@ class AdmissionController:
     def promise_counts(self) -> PromiseCounts:
         return self._promises.counts
 
+    @property
+    def promises(self) -> PromiseBook:
+        """The promise book, which the edge shares with the other gateways (``PromiseBook.learn``)."""
+        return self._promises
+
     def admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
         """Admit, queue or refuse ``request`` over ``fleet``; a promise it came back to claim is
         counted kept or broken by the answer."""

@@ -93,6 +93,7 @@ class Gateway:
                 fail_mode=FailMode(coordination.fail_mode),
                 metrics=self.metrics,
                 clock=clock,
+                promises=self.path.dispatcher.controller.promises,
             )
             self.metrics.bind_coordination(self.coordinator.status)
             if self.coordinator.gate.may_refuse:

@@ -27,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +52,7 @@ from admission.claims import ClaimBook, Grant, ReplicaDemand, Share, replica_cap
 from admission.controller import AdmissionController
 from admission.coordination import CoordinationGate, CoordinationStatus, FailMode
 from admission.decision import Refusal
+from admission.promises import Promise, PromiseBook, PromiseKey
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState
 from vocabulary.replica import ReplicaLoad
@@ -61,8 +64,14 @@ MAX_GATEWAYS = 256
 MAX_VALUE = 1 << 40
 """Above this (about 10^12 tokens) a stored number is not part of a claim."""
 ERROR_LOG_INTERVAL_S = 30.0
+DEMAND_WINDOW_S = 1.0
+"""Requests refused for capacity count as this gateway's unmet demand for this long."""
 TOP_UP_MIN_GAP_S = 0.02
 """Least time between two syncs, so that a burst of unmet demand asks Redis once, not per request."""
+MAX_PROMISES = 10000
+"""Promises one sync reads, earliest slot first."""
+PROMISE_KEYS_TTL_MS = 600_000
+"""The promise sets outlive their last writer by this long (longer than any Retry-After cap)."""
 UNCLAIMED = ReplicaLoad(0, MAX_VALUE, 0, MAX_VALUE)
 """The load a replica this gateway holds no claim on stands at: full, whatever its capacity."""
 _CLAIM = """
@@ -122,6 +131,29 @@ gateway sees, store it with its expiry, and answer the grant, the others' claims
 def claims_key(namespace: str, replica_id: str) -> str:
     """The hash of every gateway's claim on ``replica_id``."""
     return f"{{{namespace}}}:claims:{replica_id}"
+
+
+def promises_key(namespace: str) -> str:
+    """The sorted set of every gateway's open promises, scored by slot time (epoch ms)."""
+    return f"{{{namespace}}}:promises"
+
+
+def kept_key(namespace: str) -> str:
+    """The sorted set of promises kept by a gateway other than the one that booked them."""
+    return f"{{{namespace}}}:promises:kept"
+
+
+def _promise_member(gateway_id: str, key: PromiseKey, due_ms: int) -> str:
+    return f"{gateway_id} {key[0].encode().hex()} {key[1].hex()} {due_ms}"
+
+
+def _parse_promise(member: bytes) -> tuple[str, PromiseKey, int] | None:
+    """(booking gateway, promise key, slot in epoch ms) of a stored promise, or None."""
+    try:
+        gateway_id, tenant, key, due_ms = member.decode().split(" ")
+        return gateway_id, (bytes.fromhex(tenant).decode(), bytes.fromhex(key)), int(due_ms)
+    except ValueError:
+        return None
 
 
 class ClaimedLoads(Mapping[str, ReplicaLoad]):
@@ -240,7 +272,15 @@ class RedisCoordinator:
     book: ClaimBook = field(default_factory=ClaimBook)
     syncs: int = 0
     """Good syncs since start."""
+    promises: PromiseBook | None = None
+    """This gateway's promises, shared with the other gateways' (``admission.promises``)."""
+    _published: dict[str, Promise] = field(default_factory=dict)
+    """Promises this gateway booked and told the others of, by their stored member."""
+    _learnt: dict[PromiseKey, str] = field(default_factory=dict)
+    """Other gateways' promises read at the last sync: key -> stored member."""
     _foreign: ClaimedLoads = field(default_factory=lambda: ClaimedLoads({}))
+    _refused: deque[tuple[float, Share]] = field(default_factory=deque)
+    """(when, what) of the requests refused for capacity in the last ``DEMAND_WINDOW_S``."""
     _up: bool | None = None
     """The state last logged: None before the first sync."""
     _throttled: _Throttled = field(default_factory=lambda: _Throttled(ERROR_LOG_INTERVAL_S))
@@ -252,6 +292,8 @@ class RedisCoordinator:
 
     def __post_init__(self) -> None:
         self.gate = CoordinationGate(self.fail_mode, self.lease_s, retry_after_s=self.interval_s)
+        if self.promises is not None:
+            self.promises.shared = True
 
     def key(self, replica_id: str) -> str:
         return claims_key(self.namespace, replica_id)
@@ -263,9 +305,25 @@ class RedisCoordinator:
             return {}
         return self._foreign
 
-    def top_up(self) -> None:
-        """Demand the claims cannot meet arrived: sync now rather than at the next interval."""
+    def top_up(self, kv_tokens: int, sequences: int) -> None:
+        """Demand the claims cannot meet arrived: sync now rather than at the next interval. A
+        refused request (``kv_tokens`` > 0) counts as unmet demand for ``DEMAND_WINDOW_S``: a
+        gateway that holds no room refuses without queueing, and would otherwise never ask for any."""
+        if kv_tokens or sequences:
+            self._refused.append((self.clock(), Share(kv_tokens, sequences)))
         self._wake.set()
+
+    def _with_refused(self, demands: Mapping[str, ReplicaDemand], now_s: float) -> dict[str, ReplicaDemand]:
+        refused = self._refused
+        while refused and refused[0][0] < now_s - DEMAND_WINDOW_S:
+            refused.popleft()
+        if not refused:
+            return dict(demands)
+        total = Share()
+        for _, share in refused:
+            total = total + share
+        extra = spread(total, {r: d.capacity for r, d in demands.items()})
+        return {r: dataclasses.replace(d, unmet=d.unmet + extra[r]) for r, d in demands.items()}
 
     def refusal(self, now_s: float) -> Refusal | None:
         """The 503 a new request gets now (``fail_mode: closed`` while the others are unseen)."""
@@ -324,12 +382,14 @@ class RedisCoordinator:
         """Size the claims on this gateway's demand and what the others want, shrink locally what
         shrinks, and ask Redis; what it grants is usable from its answer on."""
         assert self._client is not None, "start() first"
-        demands = self.demands()
         asked_at_s = self.clock()
+        demands = self._with_refused(self.demands(), asked_at_s)
         asked = self.book.plan(demands)
         self._foreign = ClaimedLoads(self.book.others_load())
         try:
             answer = await self._claim(demands, asked)
+            if self.promises is not None:
+                answer.bad_values += await self._share_promises(self.promises)
         except Exception as exc:
             self._failed(exc)
             return
@@ -339,14 +399,14 @@ class RedisCoordinator:
         self.connected = True
         self.syncs += 1
         now_s = self.clock()
-        if answer.bad:
+        if answer.bad_values:
             if self.metrics is not None:
                 self.metrics.count_coordination_errors("bad_value", answer.bad_values)
             self._throttled.warn(
                 "bad_value",
                 now_s,
-                f"skipped {len(answer.bad)} bad value(s) under namespace {self.namespace!r}, "
-                f"counting the rest; first: {answer.bad[0]}",
+                f"skipped {answer.bad_values} bad value(s) under namespace {self.namespace!r}, "
+                f"counting the rest; first: {answer.bad[0] if answer.bad else 'a stored promise'}",
             )
         if self._up is not True:
             others = max((len(g.others_want) for g in answer.grants.values() if g), default=0)
@@ -402,3 +462,54 @@ class RedisCoordinator:
                 answer.bad_values += dropped
                 answer.bad.append(f"replica {replica_id!r}: dropped {dropped} field(s) that are not claims")
         return answer
+
+    async def _share_promises(self, book: PromiseBook) -> int:
+        """Tell the others of the promises booked here and of theirs kept here; learn theirs; drop
+        ours that were kept elsewhere. Slots travel as epoch milliseconds. Returns the stored
+        promises skipped as unreadable."""
+        assert self._client is not None
+        booked, kept = book.take_news()
+        offset_s = time.time() - self.clock()
+        now_ms = int(time.time() * 1000)
+        grace_ms = int(book.grace_s * 1000)
+        open_key, done_key = promises_key(self.namespace), kept_key(self.namespace)
+        async with self._client.pipeline(transaction=False) as pipe:
+            for promise in booked:
+                due_ms = int((promise.due_s + offset_s) * 1000)
+                member = _promise_member(self.gateway_id, promise.key, due_ms)
+                self._published[member] = promise
+                pipe.zadd(open_key, {member: due_ms})
+            for key in kept:
+                theirs = self._learnt.get(key)
+                if theirs is not None:
+                    pipe.zadd(done_key, {theirs: now_ms})
+                    pipe.zrem(open_key, theirs)
+            pipe.zremrangebyscore(open_key, "-inf", now_ms - grace_ms)
+            pipe.zremrangebyscore(done_key, "-inf", now_ms - int(self.lease_s * 1000))
+            pipe.pexpire(open_key, PROMISE_KEYS_TTL_MS)
+            pipe.pexpire(done_key, PROMISE_KEYS_TTL_MS)
+            pipe.zrangebyscore(open_key, now_ms - grace_ms, "+inf", start=0, num=MAX_PROMISES)
+            pipe.zrange(done_key, 0, MAX_PROMISES - 1)
+            *_, stored, done = await pipe.execute()
+        bad = 0
+        learnt: dict[PromiseKey, str] = {}
+        for raw in stored:
+            parsed = _parse_promise(raw)
+            if parsed is None:
+                bad += 1
+                continue
+            gateway_id, key, due_ms = parsed
+            if gateway_id != self.gateway_id:
+                learnt[key] = raw.decode()
+                book.learn(key, due_ms / 1000.0 - offset_s)
+        self._learnt = learnt
+        ours = [raw.decode() for raw in done if raw.decode() in self._published]
+        for member in ours:
+            book.remove(self._published.pop(member))
+        if ours:
+            await self._client.zrem(done_key, *ours)
+        now_s = self.clock()
+        for member, promise in list(self._published.items()):
+            if promise.due_s + book.grace_s < now_s:
+                del self._published[member]
+        return bad

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from admission import refusals
 from admission.controller import AdmissionController
-from admission.decision import Admit, Dispatch, Queue, Refusal
+from admission.decision import Admit, Dispatch, Queue, Refusal, RefusalReason
 from admission.pump import AdmissionPump, Placement
 from config.schema import GatewayConfig
 from gateway.fleet import Fleet
@@ -48,7 +48,7 @@ def _never_refused(now_s: float) -> Refusal | None:
     return None
 
 
-def _nothing() -> None:
+def _nothing(kv_tokens: int, sequences: int) -> None:
     return None
 
 
@@ -75,8 +75,9 @@ class Dispatcher:
         self.leases = Leases(state, metrics, fleet.pool_of, clock())
         self.coordination_refusal: Callable[[float], Refusal | None] = _never_refused
         """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
-        self.on_unmet: Callable[[], None] = _nothing
-        """Called when a request is queued or refused for capacity (``RedisCoordinator.top_up``)."""
+        self.on_unmet: Callable[[int, int], None] = _nothing
+        """Called when a request is queued (with 0, 0) or refused for capacity (with its KV tokens and
+        sequences): demand the fleet did not take (``RedisCoordinator.top_up``)."""
 
     def queued_requests(self) -> list[ProxyRequest]:
         return [request for request, _ in self._pump.waiters()]
@@ -96,8 +97,8 @@ class Dispatcher:
         decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
         if isinstance(decision, Refusal):
             self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=model)
-            if decision.status == 429:
-                self.on_unmet()
+            if decision.status == 429 and decision.reason is not RefusalReason.TENANT_BUDGET:
+                self.on_unmet(request.admission.cost.kv_tokens, request.admission.cost.sequences)
             return decision
         if isinstance(decision, Admit):
             route = self._place(request, decision.candidates, now_s)
@@ -109,7 +110,7 @@ class Dispatcher:
             message = f"No replica serving '{model}' can take the request now."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
         self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=model)
-        self.on_unmet()
+        self.on_unmet(0, 0)
         return await self._wait(request, decision, now_s)
 
     def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
