@@ -94,6 +94,7 @@ class Gateway:
                 metrics=self.metrics,
                 clock=clock,
                 promises=self.path.dispatcher.controller.promises,
+                tenants=self.path.dispatcher.controller.tenants,
             )
             self.metrics.bind_coordination(self.coordinator.status)
             if self.coordinator.gate.may_refuse:

@@ -53,6 +53,7 @@ from admission.controller import AdmissionController
 from admission.coordination import CoordinationGate, CoordinationStatus, FailMode
 from admission.decision import Refusal
 from admission.promises import Promise, PromiseBook, PromiseKey
+from admission.tenants import TenantDirectory
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState
 from vocabulary.replica import ReplicaLoad
@@ -274,6 +275,10 @@ class RedisCoordinator:
     """Good syncs since start."""
     promises: PromiseBook | None = None
     """This gateway's promises, shared with the other gateways' (``admission.promises``)."""
+    tenants: TenantDirectory | None = None
+    """Its tenants' budgets, of which it holds 1/N of N live gateways (``TenantDirectory.share``)."""
+    gateways: int = 1
+    """Live gateways in the namespace, this one included, as the last sync saw them."""
     _published: dict[str, Promise] = field(default_factory=dict)
     """Promises this gateway booked and told the others of, by their stored member."""
     _learnt: dict[PromiseKey, str] = field(default_factory=dict)
@@ -399,6 +404,9 @@ class RedisCoordinator:
         self.connected = True
         self.syncs += 1
         now_s = self.clock()
+        self.gateways = 1 + max((len(g.others_want) for g in answer.grants.values() if g), default=0)
+        if self.tenants is not None:
+            self.tenants.share(self.gateways, now_s)
         if answer.bad_values:
             if self.metrics is not None:
                 self.metrics.count_coordination_errors("bad_value", answer.bad_values)
@@ -409,13 +417,12 @@ class RedisCoordinator:
                 f"counting the rest; first: {answer.bad[0] if answer.bad else 'a stored promise'}",
             )
         if self._up is not True:
-            others = max((len(g.others_want) for g in answer.grants.values() if g), default=0)
             log.info(
                 "coordination up: gateway %s claims on %d replica(s) beside %d other gateway(s) in "
                 "namespace %r",
                 self.gateway_id,
                 len(answer.grants),
-                others,
+                self.gateways - 1,
                 self.namespace,
             )
             self._up = True
