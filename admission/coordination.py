@@ -34,6 +34,10 @@ class CoordinationStatus:
     """Seconds since the last good sync; None before the first."""
     refusing: bool
     """True while new requests are refused for it (``fail_mode: closed`` and not up)."""
+    gateways: int = 1
+    """Live gateways in the namespace, this one included, as the last sync saw them."""
+    claims: tuple[tuple[str, int, int], ...] = ()
+    """(replica id, KV tokens, sequence slots) this gateway holds a claim on (``admission.claims``)."""
 
 
 @dataclass(frozen=True, slots=True)

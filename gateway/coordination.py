@@ -335,7 +335,9 @@ class RedisCoordinator:
         return self.gate.refusal(now_s, self.connected, self.last_sync_s)
 
     def status(self) -> CoordinationStatus:
-        return self.gate.status(self.clock(), self.connected, self.last_sync_s)
+        status = self.gate.status(self.clock(), self.connected, self.last_sync_s)
+        claims = tuple((r, c.kv_tokens, c.sequences) for r, c in sorted(self.book.claimed().items()))
+        return dataclasses.replace(status, gateways=self.gateways, claims=claims)
 
     async def start(self) -> None:
         """Connect and claim once; whatever Redis does, this returns and the loop keeps trying."""
