@@ -73,6 +73,8 @@ class Grant:
     others_claim: Share
     others_want: Sequence[Share] = ()
     """One entry per other live gateway that claims or wants something on the replica."""
+    others_used_kv_tokens: int = 0
+    """KV tokens the other gateways' reservations hold on the replica."""
 
 
 def replica_capacity(kv_capacity_tokens: int, max_sequences: int, guard_sequences: int) -> Share:
@@ -152,6 +154,8 @@ class ClaimBook:
 
     held: dict[str, Held] = field(default_factory=dict)
     others_want: dict[str, Sequence[Share]] = field(default_factory=dict)
+    others_used: dict[str, int] = field(default_factory=dict)
+    """KV tokens the other gateways' reservations hold per replica, as the last sync read them."""
 
     def plan(self, demands: Mapping[str, ReplicaDemand]) -> dict[str, Share]:
         """The claim to ask for per replica. A shrinking claim shrinks locally at once (the room it
@@ -173,11 +177,14 @@ class ClaimBook:
             if answer is None:
                 self.held.pop(replica, None)
                 self.others_want.pop(replica, None)
+                self.others_used.pop(replica, None)
                 continue
             self.held[replica] = Held(answer.claim, capacities[replica])
             self.others_want[replica] = tuple(answer.others_want)
+            self.others_used[replica] = answer.others_used_kv_tokens
         for replica in [r for r in self.others_want if r not in grants]:
             del self.others_want[replica]
+            self.others_used.pop(replica, None)
 
     def claimed(self) -> dict[str, Share]:
         return {replica: held.claim for replica, held in self.held.items()}

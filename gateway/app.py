@@ -195,6 +195,7 @@ class Gateway:
         if self.coordinator is not None:
             await self.coordinator.start()
             self.path.fleet.foreign_loads = self.coordinator.foreign_loads
+            self.path.fleet.others_used = self.coordinator.others_used
 
     async def stop(self) -> None:
         for task in self._tasks:

@@ -90,7 +90,7 @@ for i = 1, #KEYS do
     out[i] = {-2}
   else
     local cap_kv, cap_seq = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-    local o_kv, o_seq, bad, wants = 0, 0, 0, {}
+    local o_kv, o_seq, o_used, bad, wants = 0, 0, 0, 0, {}
     local fields = redis.call('HGETALL', key)
     for j = 1, #fields, 2 do
       if fields[j] ~= me then
@@ -106,7 +106,7 @@ for i = 1, #KEYS do
         elseif v[9] <= now then
           redis.call('HDEL', key, fields[j])
         else
-          o_kv, o_seq = o_kv + v[1], o_seq + v[2]
+          o_kv, o_seq, o_used = o_kv + v[1], o_seq + v[2], o_used + v[5]
           cap_kv, cap_seq = math.min(cap_kv, v[7]), math.min(cap_seq, v[8])
           wants[#wants + 1] = v[3]
           wants[#wants + 1] = v[4]
@@ -119,14 +119,15 @@ for i = 1, #KEYS do
       ARGV[a + 7], ARGV[a + 8], ARGV[a + 3], ARGV[a + 4], now + lease)
     redis.call('HSET', key, me, value)
     redis.call('PEXPIRE', key, lease)
-    out[i] = {g_kv, g_seq, o_kv, o_seq, bad, wants}
+    out[i] = {g_kv, g_seq, o_kv, o_seq, bad, wants, o_used}
   end
 end
 return out
 """
 """Claim per replica, atomically: drop the other fields that are not claims or whose lease ran out,
 grant what this gateway asks for up to what the other claims leave of the smallest capacity any live
-gateway sees, store it with its expiry, and answer the grant, the others' claims and wants."""
+gateway sees, store it with its expiry, and answer the grant, the others' claims and wants, and the
+KV tokens the others' reservations use."""
 
 
 def claims_key(namespace: str, replica_id: str) -> str:
@@ -237,9 +238,9 @@ def _grant(answer: Any) -> Grant | str:
         return "the key is not a hash"
     if answer[0] == -2:
         return f"over {MAX_GATEWAYS} gateways claim the replica"
-    g_kv, g_seq, o_kv, o_seq, _, wants = answer
+    g_kv, g_seq, o_kv, o_seq, _, wants, o_used = answer
     others_want = tuple(Share(int(wants[i]), int(wants[i + 1])) for i in range(0, len(wants) - 1, 2))
-    return Grant(Share(int(g_kv), int(g_seq)), Share(int(o_kv), int(o_seq)), others_want)
+    return Grant(Share(int(g_kv), int(g_seq)), Share(int(o_kv), int(o_seq)), others_want, int(o_used))
 
 
 @dataclass
@@ -302,6 +303,13 @@ class RedisCoordinator:
 
     def key(self, replica_id: str) -> str:
         return claims_key(self.namespace, replica_id)
+
+    def others_used(self) -> Mapping[str, int]:
+        """KV tokens the other gateways' reservations hold per replica (for the occupancy estimate,
+        not for admission); empty once the last sync is a lease old."""
+        if self.last_sync_s is None or self.clock() - self.last_sync_s > self.lease_s:
+            return {}
+        return self.book.others_used
 
     def foreign_loads(self) -> Mapping[str, ReplicaLoad]:
         """What lies outside this gateway's claims, per replica; empty once the last sync is a lease

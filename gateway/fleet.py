@@ -64,6 +64,9 @@ class Fleet:
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
         """What lies outside this gateway's claims per replica (``RedisCoordinator``), added to the
         ledger's as load, so a request fits only within the claim."""
+        self.others_used: Callable[[], Mapping[str, int]] = dict
+        """KV tokens other gateways' reservations hold per replica (``RedisCoordinator``): with the
+        ledger's, the fleet's occupancy estimate (``gateway.work``)."""
         self.on_recovered: Callable[[], None] = _nothing
         """Called when a replica becomes healthy: queued work may fit now."""
         self._pool_of_model = {

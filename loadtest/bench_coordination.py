@@ -10,10 +10,11 @@ waits its ``retry-after-ms`` and retries (on a gateway drawn again) up to ``--re
 Each phase runs the same arrival schedule through fresh gateways in front of the same replicas.
 Printed per phase, with ratios to the one-gateway phase of the same run: goodput (streams finished
 with TTFT within ``--ttft-slo-s``, per second), preemptions (the replicas' own counter; must be 0),
-each tenant's finished share of what it sent, the peak over-commit (the most requests a replica
-held, running or waiting, over what its KV cache holds: above 1 means N gateways sent more than
-fits), the gateways' CPU per finished request (``/proc``, all gateways together), Redis's CPU, and
-the coordination's syncs per second. Not a test.
+each tenant's finished share of what it sent, the peak over-commit (the most requests all gateways
+had admitted at once, from their ``kvgate_resident_sequences``, over what the replicas' KV caches
+hold at the requests' real token counts: above 1 means N gateways sent more than fits), the
+gateways' CPU per finished request (``/proc``, all gateways together), Redis's CPU, the share of
+429'd clients whose first retry got in, and the coordination's syncs per second. Not a test.
 
     python -m loadtest.bench_coordination [--duration-s 15] [--overload 2.0] [--gateways 1,2,4]
 """
@@ -37,6 +38,7 @@ import aiohttp
 import redis.asyncio as aioredis
 import yaml
 
+from admission.tokenizer import TiktokenTokenizer
 from loadtest.client import wait_until_ok
 from loadtest.ports import free_ports
 
@@ -67,7 +69,7 @@ class Phase:
     duration_s: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     preemptions: float = 0.0
-    peak_held: int = 0
+    peak_admitted: int = 0
     gateway_cpu_s: float = 0.0
     redis_cpu_s: float = 0.0
     syncs: float = 0.0
@@ -101,15 +103,15 @@ def _sum(text: str, name: str) -> float:
     return sum(float(v) for v in re.findall(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", text, re.M))
 
 
-async def _watch_replicas(
+async def _watch_gateways(
     session: aiohttp.ClientSession, urls: list[str], phase: Phase, stop: asyncio.Event
 ) -> None:
+    """The most sequences all gateways had admitted at once, sampled every 0.25 s."""
     while not stop.is_set():
-        for url in urls:
-            text = await _scrape(session, url)
-            held = _sum(text, "vllm:num_requests_running") + _sum(text, "vllm:num_requests_waiting")
-            phase.peak_held = max(phase.peak_held, int(held))
-        await asyncio.sleep(0.1)
+        texts = await asyncio.gather(*(_scrape(session, url) for url in urls))
+        admitted = sum(_sum(text, "kvgate_resident_sequences") for text in texts)
+        phase.peak_admitted = max(phase.peak_admitted, int(admitted))
+        await asyncio.sleep(0.25)
 
 
 async def _one(
@@ -183,17 +185,19 @@ async def _phase(
 ) -> Phase:
     ports = [free_ports() for _ in range(phase.gateways)]
     namespace = f"bench-{phase.name.replace(' ', '-')}"
-    files, procs = [], []
+    files: list[str] = []
+    procs: list[subprocess.Popen[bytes]] = []
+    logs = []
     for port in ports:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             yaml.safe_dump(
                 _config(replica_urls, port, redis_url if phase.coordinated else None, namespace), f
             )
         files.append(f.name)
+        log = open(f.name + ".log", "wb")  # noqa: SIM115 - closed with the phase
+        logs.append(log)
         procs.append(
-            subprocess.Popen(
-                [KVGATE, "serve", "--config", f.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
+            subprocess.Popen([KVGATE, "serve", "--config", f.name], stdout=subprocess.DEVNULL, stderr=log)
         )
     urls = [f"http://127.0.0.1:{port}" for port in ports]
     rng = random.Random(1)
@@ -202,14 +206,18 @@ async def _phase(
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=600)
         ) as session:
-            for url in urls:
-                await wait_until_ok(session, url + "/readyz")
+            for url, name in zip(urls, files, strict=True):
+                try:
+                    await wait_until_ok(session, url + "/readyz")
+                except RuntimeError:
+                    print(Path(name + ".log").read_text()[-3000:], file=sys.stderr)
+                    raise
             before = await _preemptions(session, replica_urls)
             cpu_before = sum(_cpu_s(p.pid) for p in procs)
             redis_before = _cpu_s(redis_pid)
             calls_before = await _script_calls(redis_url)
             stop = asyncio.Event()
-            watcher = asyncio.create_task(_watch_replicas(session, replica_urls, phase, stop))
+            watcher = asyncio.create_task(_watch_gateways(session, urls, phase, stop))
             start = time.monotonic()
             tasks = []
             for at_s, prompt, tenant in arrivals:
@@ -233,8 +241,11 @@ async def _phase(
             proc.terminate()
         for proc in procs:
             proc.wait(10)
+        for log in logs:
+            log.close()
         for name in files:
             os.unlink(name)
+            os.unlink(name + ".log")
     return phase
 
 
@@ -248,7 +259,7 @@ class Row:
     first_retry_ok_pct: float
 
 
-def _row(phase: Phase, slo_s: float, fits_per_replica: int) -> Row:
+def _row(phase: Phase, slo_s: float, fits: int) -> Row:
     good = [o for o in phase.outcomes if o.finished and o.ttft_s is not None and o.ttft_s <= slo_s]
     finished = [o for o in phase.outcomes if o.finished]
     pct = {}
@@ -260,7 +271,7 @@ def _row(phase: Phase, slo_s: float, fits_per_replica: int) -> Row:
         phase,
         len(good) / max(phase.duration_s, 1e-9),
         pct,
-        phase.peak_held / fits_per_replica,
+        phase.peak_admitted / fits,
         1000.0 * phase.gateway_cpu_s / max(1, len(finished)),
         100.0 * sum(1 for o in retried if o.first_retry_ok) / len(retried) if retried else float("nan"),
     )
@@ -298,7 +309,7 @@ def _plot(rows: list[Row], path: Path) -> None:
     axes[0].set_title("goodput (streams/s within TTFT SLO)")
     axes[1].bar(labels, [r.overcommit_ratio for r in rows], color=colors)
     axes[1].axhline(1.0, color="black", linestyle="--", linewidth=1)
-    axes[1].set_title("peak requests held by a replica / what fits")
+    axes[1].set_title("peak admitted at once / what the fleet holds")
     axes[2].bar(labels, [r.phase.preemptions for r in rows], color=colors)
     axes[2].set_title("preemptions")
     fig.tight_layout()
@@ -323,9 +334,8 @@ async def main() -> None:
     redis_binary = shutil.which("redis-server")
     if redis_binary is None:
         sys.exit("needs redis-server on PATH")
-    kv_tokens = PROMPT_WORDS + MAX_TOKENS
-    fits = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // kv_tokens)
-    capacity_per_s = fits * args.replicas / (MAX_TOKENS * args.itl_s)
+    estimated = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // (PROMPT_WORDS + MAX_TOKENS)) * args.replicas
+    capacity_per_s = estimated / (MAX_TOKENS * args.itl_s)
     rate_per_s = args.overload * capacity_per_s
     rng = random.Random(0)
     arrivals: list[tuple[float, str, str]] = []
@@ -334,6 +344,9 @@ async def main() -> None:
         prompt = " ".join(f"w{rng.randrange(10**6)}" for _ in range(PROMPT_WORDS // 3))
         arrivals.append((t, prompt, "a" if rng.random() < args.share_a else "b"))
         t += rng.expovariate(rate_per_s)
+    tokens = TiktokenTokenizer.from_name()
+    kv_tokens = max(tokens.count(prompt) for _, prompt, _ in arrivals) + MAX_TOKENS
+    fits = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // kv_tokens) * args.replicas
     sim_port = free_ports(args.replicas + 1)
     redis_port = free_ports()
     with tempfile.TemporaryDirectory() as redis_dir:
@@ -368,8 +381,8 @@ async def main() -> None:
                 for url in replica_urls:
                     await wait_until_ok(session, url + "/health")
             print(
-                f"{args.replicas} simulated replicas (KV {KV_CAPACITY_TOKENS} tokens each, ~{fits} requests "
-                f"of ~{kv_tokens} KV tokens fit one), capacity ~{capacity_per_s:.1f} req/s, offered "
+                f"{args.replicas} simulated replicas (KV {KV_CAPACITY_TOKENS} tokens each, {fits} requests "
+                f"of up to {kv_tokens} KV tokens fit them), capacity ~{capacity_per_s:.1f} req/s, offered "
                 f"{rate_per_s:.1f} req/s ({args.overload}x) for {args.duration_s:.0f} s, tenant a "
                 f"{args.share_a:.0%} of requests; {len(plan)} phases",
                 file=sys.stderr,
@@ -379,6 +392,8 @@ async def main() -> None:
             for phase in plan:
                 print(f"phase {phase.name} ...", file=sys.stderr)
                 phases.append(await _phase(phase, replica_urls, redis_url, redis.pid, arrivals, args.retries))
+                rows = [_row(p, args.ttft_slo_s, fits) for p in phases]
+                print(_table(rows).splitlines()[-1], file=sys.stderr)
         finally:
             sim.terminate()
             sim.wait(10)

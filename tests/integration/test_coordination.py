@@ -47,6 +47,7 @@ async def test_claims_share_a_replica_fairly_and_a_dead_gateways_claim_lapses(re
             await b.sync_once()
         await a.sync_once()
         assert claimed(b) == Share(), "an idle gateway gives way to a busy one"
+        assert b.others_used() == {"r0": 400}, "what a uses, not what it claims, is its occupancy"
         assert claimed(a) == CAPACITY
 
         demand_b["r0"] = ReplicaDemand(CAPACITY, Share(), Share(1000, 10))
