@@ -169,6 +169,10 @@ class ClaimedLoads(Mapping[str, ReplicaLoad]):
     def __getitem__(self, replica_id: str) -> ReplicaLoad:
         return self._loads.get(replica_id, UNCLAIMED)
 
+    def get(self, replica_id: str, default: object = None) -> ReplicaLoad:
+        """Every replica has a load here (``UNCLAIMED`` when unknown); one call on the hot path."""
+        return self._loads.get(replica_id, UNCLAIMED)
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._loads)
 
