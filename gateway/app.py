@@ -100,6 +100,7 @@ class Gateway:
             if self.coordinator.gate.may_refuse:
                 self.path.dispatcher.coordination_refusal = self.coordinator.refusal
             self.path.dispatcher.on_unmet = self.coordinator.top_up
+            self.path.dispatcher.top_up = self.coordinator.top_up_now
         self.admin = build_admin_app(
             self.state,
             self.metrics.render,

@@ -68,6 +68,8 @@ ERROR_LOG_INTERVAL_S = 30.0
 DEMAND_WINDOW_S = 1.0
 """Requests refused for capacity count as this gateway's unmet demand for this long."""
 TOP_UP_MIN_GAP_S = 0.02
+TOP_UP_WAIT_SYNCS = 4
+"""Syncs a request no claim can hold waits for its gateway's claims to grow, at most."""
 """Least time between two syncs, so that a burst of unmet demand asks Redis once, not per request."""
 MAX_PROMISES = 10000
 """Promises one sync reads, earliest slot first."""
@@ -298,6 +300,8 @@ class RedisCoordinator:
     _script: Any = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _task: asyncio.Task[None] | None = None
+    _synced: asyncio.Future[None] | None = None
+    """Resolved when the sync in progress or next ends (``top_up_now`` waits on it)."""
     gate: CoordinationGate = field(init=False)
 
     def __post_init__(self) -> None:
@@ -329,6 +333,28 @@ class RedisCoordinator:
         if kv_tokens or sequences:
             self._refused.append((self.clock(), Share(kv_tokens, sequences)))
         self._wake.set()
+
+    async def top_up_now(self, kv_tokens: int, sequences: int) -> bool:
+        """Sync now (and again, up to ``TOP_UP_WAIT_SYNCS`` syncs or two intervals, while another
+        gateway gives the room back); True once a claim grew. Only a request its gateway could not
+        otherwise place waits on this."""
+        before = self.book.claimed()
+        loop = asyncio.get_running_loop()
+        deadline_s = loop.time() + 2 * self.interval_s + TOP_UP_MIN_GAP_S
+        self.top_up(kv_tokens, sequences)
+        for _ in range(TOP_UP_WAIT_SYNCS):
+            synced = self._synced
+            if synced is None or synced.done():
+                synced = self._synced = loop.create_future()
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(synced), max(0.0, deadline_s - loop.time()))
+            after = self.book.claimed()
+            if any(c.kv_tokens > before.get(r, Share()).kv_tokens for r, c in after.items()):
+                return True
+            if loop.time() >= deadline_s:
+                return False
+        return False
 
     def _with_refused(self, demands: Mapping[str, ReplicaDemand], now_s: float) -> dict[str, ReplicaDemand]:
         refused = self._refused
@@ -400,6 +426,14 @@ class RedisCoordinator:
     async def sync_once(self) -> None:
         """Size the claims on this gateway's demand and what the others want, shrink locally what
         shrinks, and ask Redis; what it grants is usable from its answer on."""
+        synced, self._synced = self._synced, None
+        try:
+            await self._sync()
+        finally:
+            if synced is not None and not synced.done():
+                synced.set_result(None)
+
+    async def _sync(self) -> None:
         assert self._client is not None, "start() first"
         asked_at_s = self.clock()
         demands = self._with_refused(self.demands(), asked_at_s)

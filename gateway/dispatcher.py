@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from admission import refusals
 from admission.controller import AdmissionController
@@ -52,6 +52,17 @@ def _nothing(kv_tokens: int, sequences: int) -> None:
     return None
 
 
+def _unforeseeable(refusal: Refusal) -> bool:
+    """A refusal for capacity with no honest wait: nothing admitted through this gateway frees room
+    for the request within the Retry-After cap."""
+    return (
+        refusal.status == 429
+        and refusal.reason is not RefusalReason.TENANT_BUDGET
+        and refusal.retry_after is not None
+        and not refusal.retry_after.honest
+    )
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -75,6 +86,9 @@ class Dispatcher:
         self.leases = Leases(state, metrics, fleet.pool_of, clock())
         self.coordination_refusal: Callable[[float], Refusal | None] = _never_refused
         """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
+        self.top_up: Callable[[int, int], Awaitable[bool]] | None = None
+        """With coordination: grow this gateway's claims now, if the fleet has the room, and say
+        whether they grew (``RedisCoordinator.top_up_now``)."""
         self.on_unmet: Callable[[int, int], None] = _nothing
         """Called when a request is queued (with 0, 0) or refused for capacity (with its KV tokens and
         sequences): demand the fleet did not take (``RedisCoordinator.top_up``)."""
@@ -95,9 +109,22 @@ class Dispatcher:
             self._metrics.count_decision("reject", blind.reason.value, pool=pool, model=model)
             return blind
         decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
+        topped_up = False
+        if isinstance(decision, Refusal) and self.top_up is not None and _unforeseeable(decision):
+            # Nothing this gateway holds frees room for it (its claims are too small), yet the
+            # fleet may have the room: ask Redis for it now rather than tell the client not to retry.
+            cost = request.admission.cost
+            topped_up = True
+            if await self.top_up(cost.kv_tokens, cost.sequences):
+                now_s = self._clock()
+                decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
         if isinstance(decision, Refusal):
             self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=model)
-            if decision.status == 429 and decision.reason is not RefusalReason.TENANT_BUDGET:
+            if (
+                not topped_up
+                and decision.status == 429
+                and decision.reason is not RefusalReason.TENANT_BUDGET
+            ):
                 self.on_unmet(request.admission.cost.kv_tokens, request.admission.cost.sequences)
             return decision
         if isinstance(decision, Admit):

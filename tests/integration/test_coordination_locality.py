@@ -1,6 +1,8 @@
 """Prefix locality across gateways: two real gateways sharing claims through Redis send a prompt
 prefix to the same replica whichever of them receives it (a prefix's home is rendezvous hashing over
-the replica ids, the same in every process), so the replica's prefix cache serves both."""
+the replica ids, the same in every process), so the replica's prefix cache serves both. While the
+claims settle (a gateway that just started holds none yet) a prefix spills like one whose home is
+full; once each gateway holds its share of every replica, homes agree."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest
 
 from gateway.server import running_gateway
 from loadtest.sim.fleet import SimFleet
-from tests.integration.conftest import MODEL, assert_idle, gateway_config
+from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 PREFIXES = 6
 
@@ -32,6 +34,15 @@ async def test_a_prefix_goes_to_the_same_replica_through_either_gateway(
         config = gateway_config(fleet.urls, routing={"warmup_s": 0}, coordination=coordination)
         async with contextlib.AsyncExitStack() as stack:
             gateways = [await stack.enter_async_context(running_gateway(config)) for _ in range(2)]
+            for gw in gateways:  # a replica a gateway holds no claim on yet is not a candidate there
+                coordinator = gw.gateway.coordinator
+                assert coordinator is not None
+                assert await eventually(
+                    lambda c=coordinator: (
+                        len(c.book.claimed()) == 3
+                        and all(share.kv_tokens > 100000 for share in c.book.claimed().values())
+                    )
+                )
             async with httpx.AsyncClient(timeout=30) as http:
                 for prefix in range(PREFIXES):
                     for user in range(4):
