@@ -8,15 +8,15 @@ so fairness says b, asking for less than half, gets what it asks and a the rest.
 waits its ``retry-after-ms`` and retries (on a gateway drawn again) up to ``--retries`` times.
 
 Each phase runs the same arrival schedule through fresh gateways in front of the same replicas.
-Printed per phase, with ratios to the one-gateway phase of the same run: goodput (streams finished
-whose first token came within ``--ttft-slo-s`` of their first attempt, Retry-After waits included,
-per second of arrivals), preemptions (the replicas' own counter; must be 0),
-each tenant's share of its requests that finished within the objective, the peak over-commit (the
-most requests all gateways had admitted at once, from their ``kvgate_resident_sequences``, over
-what the replicas' KV caches hold at the requests' real token counts: above 1 means N gateways sent
-more than fits), the gateways' CPU per finished request (``/proc``, all gateways together), Redis's
-CPU, the share of 429'd clients whose first retry got in, and the coordination's syncs per second.
-Not a test.
+Printed per phase, with ratios to the one-gateway phase of the same run: goodput (streams whose
+first token came within ``--ttft-slo-s`` of their first attempt, Retry-After waits included, and
+whose mean inter-token time stayed within ``--itl-slo-s``, per second of arrivals), preemptions (the
+replicas' own counter; must be 0), the inter-token time's p50 and p95, each tenant's share of its
+requests that met both objectives, the peak over-commit (the most requests all gateways had
+admitted at once, from their ``kvgate_resident_sequences``, over what the replicas' KV caches hold
+at the requests' real token counts: above 1 means N gateways sent more than fits), the gateways' CPU
+per finished request (``/proc``, all gateways together), Redis's CPU, the share of 429'd clients
+whose first retry got in, and the coordination's syncs per second. Not a test.
 
     python -m loadtest.bench_coordination [--duration-s 15] [--overload 2.0] [--gateways 1,2,4]
 """
@@ -61,6 +61,8 @@ class Outcome:
     finished: bool = False
     rejects: int = 0
     first_retry_ok: bool | None = None
+    itl_s: float | None = None
+    """Mean seconds between output tokens, first to last."""
 
 
 @dataclass(slots=True)
@@ -144,11 +146,15 @@ async def _one(
                 if response.status != 200:
                     await response.read()
                     return outcome
+                first_token_s = last_s = 0.0
                 async for _ in response.content.iter_any():
+                    last_s = time.monotonic()
                     if outcome.ttft_s is None:
-                        outcome.ttft_s = time.monotonic() - first_s
+                        first_token_s = last_s
+                        outcome.ttft_s = last_s - first_s
                         if attempt >= 1 and outcome.first_retry_ok is None:
                             outcome.first_retry_ok = attempt == 1
+                outcome.itl_s = (last_s - first_token_s) / (MAX_TOKENS - 1)
                 outcome.finished = True
                 return outcome
     except aiohttp.ClientError as exc:
@@ -263,10 +269,23 @@ class Row:
     overcommit_ratio: float
     cpu_ms_per_request: float
     first_retry_ok_pct: float
+    itl_p50_ms: float
+    itl_p95_ms: float
 
 
-def _row(phase: Phase, slo_s: float, fits: int) -> Row:
-    good = [o for o in phase.outcomes if o.finished and o.ttft_s is not None and o.ttft_s <= slo_s]
+def _good(outcome: Outcome, ttft_slo_s: float, itl_slo_s: float) -> bool:
+    return (
+        outcome.finished
+        and outcome.ttft_s is not None
+        and outcome.ttft_s <= ttft_slo_s
+        and outcome.itl_s is not None
+        and outcome.itl_s <= itl_slo_s
+    )
+
+
+def _row(phase: Phase, ttft_slo_s: float, itl_slo_s: float, fits: int) -> Row:
+    good = [o for o in phase.outcomes if _good(o, ttft_slo_s, itl_slo_s)]
+    itls = sorted(o.itl_s for o in phase.outcomes if o.itl_s is not None)
     finished = [o for o in phase.outcomes if o.finished]
     good_ids = {id(o) for o in good}
     pct = {}
@@ -281,21 +300,24 @@ def _row(phase: Phase, slo_s: float, fits: int) -> Row:
         phase.peak_admitted / fits,
         1000.0 * phase.gateway_cpu_s / max(1, len(finished)),
         100.0 * sum(1 for o in retried if o.first_retry_ok) / len(retried) if retried else float("nan"),
+        1000.0 * itls[len(itls) // 2] if itls else float("nan"),
+        1000.0 * itls[int(0.95 * (len(itls) - 1))] if itls else float("nan"),
     )
 
 
 def _table(rows: list[Row]) -> str:
     base = rows[0]
     lines = [
-        "| gateways | Redis claims | goodput /s | vs 1 | preemptions | a good % | b good % "
-        "| peak over-commit | gateway CPU ms/req | Redis CPU s | syncs /s | 1st retry ok % |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| gateways | Redis claims | goodput /s | vs 1 | preemptions | ITL p50/p95 ms | a good % "
+        "| b good % | peak over-commit | gateway CPU ms/req | Redis CPU s | syncs /s | 1st retry ok % |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         p = r.phase
         lines.append(
             f"| {p.gateways} | {'on' if p.coordinated else 'off'} | {r.goodput_per_s:.2f} "
             f"| {r.goodput_per_s / base.goodput_per_s:.2f}x | {p.preemptions:.0f} "
+            f"| {r.itl_p50_ms:.1f}/{r.itl_p95_ms:.1f} "
             f"| {r.good_pct['a']:.1f} | {r.good_pct['b']:.1f} | {r.overcommit_ratio:.2f}x "
             f"| {r.cpu_ms_per_request:.2f} | {p.redis_cpu_s:.2f} | {p.syncs:.1f} "
             f"| {r.first_retry_ok_pct:.1f} |"
@@ -313,7 +335,7 @@ def _plot(rows: list[Row], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     colors = ["tab:blue" if r.phase.coordinated or r.phase.gateways == 1 else "tab:red" for r in rows]
     axes[0].bar(labels, [r.goodput_per_s for r in rows], color=colors)
-    axes[0].set_title("goodput (streams/s within TTFT SLO)")
+    axes[0].set_title("goodput (streams/s within TTFT and ITL objectives)")
     axes[1].bar(labels, [r.overcommit_ratio for r in rows], color=colors)
     axes[1].axhline(1.0, color="black", linestyle="--", linewidth=1)
     axes[1].set_title("peak admitted at once / what the fleet holds")
@@ -335,6 +357,7 @@ async def main() -> None:
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--share-a", type=float, default=0.75, help="tenant a's share of the requests")
     parser.add_argument("--ttft-slo-s", type=float, default=2.0)
+    parser.add_argument("--itl-slo-s", type=float, default=0.025, help="mean inter-token objective")
     parser.add_argument("--itl-s", type=float, default=0.012, help="assumed decode step at full batch")
     parser.add_argument("--png", type=Path, default=Path("bench_coordination.png"))
     args = parser.parse_args()
@@ -399,14 +422,14 @@ async def main() -> None:
             for phase in plan:
                 print(f"phase {phase.name} ...", file=sys.stderr)
                 phases.append(await _phase(phase, replica_urls, redis_url, redis.pid, arrivals, args.retries))
-                rows = [_row(p, args.ttft_slo_s, fits) for p in phases]
+                rows = [_row(p, args.ttft_slo_s, args.itl_slo_s, fits) for p in phases]
                 print(_table(rows).splitlines()[-1], file=sys.stderr)
         finally:
             sim.terminate()
             sim.wait(10)
             redis.terminate()
             redis.wait(10)
-    rows = [_row(p, args.ttft_slo_s, fits) for p in phases]
+    rows = [_row(p, args.ttft_slo_s, args.itl_slo_s, fits) for p in phases]
     print(_table(rows))
     _plot(rows, args.png)
     print(f"\nplot: {args.png}")

@@ -4,8 +4,8 @@ Redis: together they admit what one gateway alone would, never more, and give ev
 The replica's KV cache holds 12 of the test's long streams. One gateway admits 12 of 60 sent at
 once; two or four gateways, each sent its part of the 60, admit at most 12 between them (their
 claims on the replica never sum past its capacity) and the replica never preempts. When the streams
-end every gateway's ledger and queue are empty and every claim in Redis says nothing is used; when
-the gateways stop no key is left."""
+end every gateway's ledger, queue and work gauges are back to zero and every claim in Redis says
+nothing is used; when the gateways stop no key is left."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from gateway.coordination import claims_key
 from gateway.server import RunningGateway, running_gateway
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from tests.integration.processes import assert_process_idle
 
 PROMPT = "Tell a long story about a gateway and its replicas."
 PROMPT_TOKENS = TiktokenTokenizer.from_name().count(PROMPT)
@@ -124,6 +125,7 @@ async def test_gateways_sharing_redis_admit_together_what_one_admits_alone(
             assert fleet.replicas[0].engine.stats.num_preemptions == 0
             for gw in running:
                 await assert_idle(gw)
+                await assert_process_idle(gw.url)
             assert await _eventually_async(lambda: used_in_redis(client, key), [(0, 0)] * gateways)
             claims = [int(v.split()[0]) for v in (await client.hgetall(key)).values()]
             assert sum(claims) <= KV_CAPACITY_TOKENS
