@@ -153,7 +153,8 @@ class PromiseBook:
 
     def take_news(self) -> tuple[list[Promise], list[PromiseKey]]:
         """What the other gateways have not heard yet: promises booked here, learnt ones kept here."""
-        booked, kept = self.booked, self.kept_here
+        booked = [p for p in self.booked if p.promise_id in self._by_id]  # not yet claimed or lapsed
+        kept = self.kept_here
         self.booked, self.kept_here = [], []
         return booked, kept
 

@@ -372,6 +372,17 @@ def test_a_promise_booked_by_another_gateway_is_honoured_here_and_dropped_there(
     assert a.controller.promise_counts.lapsed == 0
 
 
+def test_a_promise_claimed_before_the_others_heard_of_it_is_not_told() -> None:
+    fleet, resident = full_fleet()
+    fleet.controller.promises.shared = True
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
+    assert fleet.controller.promises.take_news() == ([], [])
+
+
 def test_a_learnt_promise_lapses_after_its_window() -> None:
     book = PromiseBook(grace_s=1.0)
     book.learn(("t", b"key:k"), 5.0)
