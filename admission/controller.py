@@ -26,6 +26,7 @@ from admission import refusals
 from admission.calibration import Calibration
 from admission.deadline import WaitBound, wait_budget
 from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Expired, Queue, Refusal
+from admission.disaggregation import handoff_candidates
 from admission.forecast import WaitForecast
 from admission.ledger import Ledger
 from admission.placement import after_promises, fleet_placer
@@ -34,7 +35,7 @@ from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from admission.retry_after import ServiceRates
 from admission.tenants import TenantDirectory
 from config.admission import AdmissionConfig
-from vocabulary.capacity import fits, kv_room_tokens, routable
+from vocabulary.capacity import fits_sharing, kv_room_tokens, routable
 from vocabulary.replica import ReplicaView
 from vocabulary.snapshot import FleetSnapshot
 
@@ -61,7 +62,7 @@ class AdmissionController:
             ledger,
             self.calibration,
             ServiceRates(config.default_inter_token_s, config.default_prefill_tokens_per_s),
-            self._max_active,
+            self.max_active,
         )
 
     @property
@@ -101,6 +102,7 @@ class AdmissionController:
         kv_tokens = cost.kv_tokens
         sequences = cost.sequences
         model = cost.model
+        blocks, resident = request.prompt_blocks, fleet.resident
         serving: list[ReplicaView] = []
         fitting: list[ReplicaView] = []
         largest = 0
@@ -111,10 +113,10 @@ class AdmissionController:
             serving.append(v)
             if v.kv_capacity_tokens > largest:
                 largest = v.kv_capacity_tokens
-            slots = self._max_active(v)
+            slots = self.max_active(v)
             if slots > most_slots:
                 most_slots = slots
-            if fits(v, kv_tokens, sequences, slots):
+            if fits_sharing(v, kv_tokens, sequences, slots, blocks, resident):
                 fitting.append(v)
         if not serving:
             return refusals.none_serving(model, fleet, self.config)
@@ -176,10 +178,29 @@ class AdmissionController:
             v
             for v in fleet.replicas
             if routable(v, cost.model, fleet.now_s)
-            and fits(v, cost.kv_tokens, cost.sequences, self._max_active(v))
+            and fits_sharing(
+                v, cost.kv_tokens, cost.sequences, self.max_active(v), request.prompt_blocks, fleet.resident
+            )
         ]
         fitting.sort(key=kv_room_tokens, reverse=True)
         return tuple(fitting)
+
+    def decode_room(
+        self, request: AdmissionRequest, fleet: FleetSnapshot
+    ) -> tuple[ReplicaView, ...] | Refusal:
+        """The decode replicas a disaggregated request fits on now (``admission.disaggregation``), or
+        why none: a Retry-After from the decode pool's own drain when it is the bottleneck."""
+        cost = request.cost
+        serving, fitting = handoff_candidates(cost, fleet, self.max_active)
+        if fitting:
+            return tuple(fitting)
+        if not serving:
+            return refusals.none_serving(cost.model, fleet, self.config)
+        largest = max(v.kv_capacity_tokens for v in serving)
+        if cost.kv_tokens > largest:
+            return refusals.too_large(cost, largest)
+        expected_s = self._forecast.expected_wait_s(cost.kv_tokens, cost.model, Ahead(), serving)
+        return refusals.decode_full(cost.model, expected_s, self.config)
 
     def on_capacity_freed(self, fleet: FleetSnapshot) -> list[Dispatch]:
         """Queued requests that fit now, in queue order, removed from the queue.
@@ -317,7 +338,7 @@ class AdmissionController:
         return None
 
     def _placer(self, fleet: FleetSnapshot) -> Place:
-        place = fleet_placer(fleet.replicas, fleet.now_s, self._max_active)
+        place = fleet_placer(fleet.replicas, fleet.now_s, self.max_active, fleet.resident)
         share_tokens = self.config.promise_max_share * sum(v.kv_capacity_tokens for v in fleet.replicas)
         return after_promises(place, self._promises.due(fleet.now_s), share_tokens)
 
@@ -329,7 +350,7 @@ class AdmissionController:
     def _wait_budget(self, request: AdmissionRequest) -> tuple[float, WaitBound]:
         return wait_budget(request, self.config, self.rates.prefill_tokens_per_s)
 
-    def _max_active(self, view: ReplicaView) -> int:
+    def max_active(self, view: ReplicaView) -> int:
         """The guard: the configured limit, or the replica's own sequence slots when fewer."""
         limit = self.config.max_active_sequences_per_replica
         return view.max_sequences if 0 < view.max_sequences < limit else limit

@@ -47,6 +47,9 @@ class AdmissionRequest:
     request_key: str | None = None
     """The client's own identity for this request (``Idempotency-Key``, the same on every attempt),
     when it sends one: what its promise is booked under (``admission.promises.promise_key``)."""
+    prompt_blocks: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    """The prompt's chained block hashes (routing's, computed once at the edge): the part of them a
+    replica already holds for resident requests needs no room there (``vocabulary.sharing``)."""
 
     @property
     def model(self) -> str:

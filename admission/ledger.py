@@ -12,12 +12,20 @@ reservation held every total is zero.
 The ``Ledger`` Protocol is the seam for a shared ledger (several gateway processes): each
 reservation carries a lease that its holder renews, and ``expire`` drops reservations whose holder
 stopped renewing, so a crashed gateway's reservations do not leak capacity forever.
+
+Prompt blocks are counted once per replica: a reservation may name its prompt's chained block
+hashes, and a replica's reserved KV is every distinct held block once plus, per reservation, the
+rest of its worst case (the prompt's partial last block and its output), as vLLM's prefix cache
+keeps one copy of a block its running sequences share. The block counts are reference counts, so
+whichever of the sharing requests ends last takes the shared blocks with it, and the ledger answers
+``shared_tokens`` (``vocabulary.sharing.ResidentPrefixes``) for the room checks.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -50,9 +58,19 @@ class Reservation:
 
 
 class Ledger(Protocol):
-    def reserve(self, request_id: str, replica_id: str, cost: CostEstimate, now_s: float) -> bool:
-        """Hold ``cost`` on ``replica_id``; False (nothing changes) if ``request_id`` already holds one."""
+    def reserve(
+        self,
+        request_id: str,
+        replica_id: str,
+        cost: CostEstimate,
+        now_s: float,
+        block_hashes: Sequence[int] = (),
+    ) -> bool:
+        """Hold ``cost`` on ``replica_id``, its prompt blocks ``block_hashes`` shared with the other
+        reservations there; False (nothing changes) if ``request_id`` already holds one."""
         ...
+
+    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int]) -> int: ...
 
     def first_token(self, request_id: str) -> bool:
         """Prefill done: its prompt no longer counts as pending prefill."""
@@ -89,23 +107,66 @@ class Ledger(Protocol):
 class InMemoryLedger:
     """One process's ledger. Aggregates per replica are kept incrementally: ``load`` is O(1)."""
 
-    def __init__(self, lease_s: float = 600.0) -> None:
+    def __init__(self, lease_s: float = 600.0, block_tokens: int = 16) -> None:
         if lease_s <= 0:
             raise ValueError(f"lease_s must be > 0 seconds, got {lease_s}")
         self.lease_s = lease_s
+        self.block_tokens = block_tokens
         self._held: dict[str, Reservation] = {}
         self._by_replica: dict[str, dict[str, Reservation]] = {}
         self._loads: dict[str, ReplicaLoad] = {}
         self._leases: list[tuple[float, str]] = []
+        self._blocks: dict[str, Counter[int]] = {}
+        """Per replica, how many reservations hold each prompt block."""
+        self._prompts: dict[str, Sequence[int]] = {}
+        """Each reservation's prompt blocks, when it named them. A replica's reserved KV is
+        ``block_tokens`` per distinct held block plus each reservation's worst case beyond its
+        blocks: a reservation adds its worst case less the blocks already held, and its release
+        takes its worst case less the blocks others still hold."""
 
-    def reserve(self, request_id: str, replica_id: str, cost: CostEstimate, now_s: float) -> bool:
+    def reserve(
+        self,
+        request_id: str,
+        replica_id: str,
+        cost: CostEstimate,
+        now_s: float,
+        block_hashes: Sequence[int] = (),
+    ) -> bool:
         if request_id in self._held:
             return False
         held = Reservation(request_id, replica_id, cost, now_s, now_s + self.lease_s)
         self._put(held)
-        self._shift(replica_id, cost.prompt_tokens, cost.sequences, cost.max_output_tokens, cost.kv_tokens)
+        kv_tokens = cost.kv_tokens
+        if block_hashes:
+            blocks = self._blocks.get(replica_id)
+            if blocks is None:
+                blocks = self._blocks[replica_id] = Counter()
+            shared = 0
+            for block in block_hashes:
+                if blocks[block]:
+                    shared += 1
+                blocks[block] += 1
+            kv_tokens -= shared * self.block_tokens
+            self._prompts[request_id] = block_hashes
+        self._shift(replica_id, cost.prompt_tokens, cost.sequences, cost.max_output_tokens, kv_tokens)
         self._push_lease(held)
         return True
+
+    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int]) -> int:
+        """Prompt tokens of ``block_hashes`` that reservations on ``replica_id`` hold: the longest
+        held prefix (chained hashes: a held block means all before it are), found by bisection, so
+        a long prompt costs a few lookups."""
+        blocks = self._blocks.get(replica_id)
+        if not blocks or not block_hashes or block_hashes[0] not in blocks:
+            return 0
+        low, high = 1, len(block_hashes)
+        while low < high:
+            mid = (low + high + 1) // 2
+            if block_hashes[mid - 1] in blocks:
+                low = mid
+            else:
+                high = mid - 1
+        return low * self.block_tokens
 
     def first_token(self, request_id: str) -> bool:
         held = self._held.get(request_id)
@@ -136,13 +197,29 @@ class InMemoryLedger:
         held = self._held.pop(request_id, None)
         if held is None:
             return False
-        del self._by_replica[held.replica_id][request_id]
+        replica_id = held.replica_id
+        del self._by_replica[replica_id][request_id]
+        kv_tokens = held.cost.kv_tokens
+        prompt = self._prompts.pop(request_id, None)
+        if prompt:
+            blocks = self._blocks[replica_id]
+            still_held = 0
+            for block in prompt:
+                count = blocks[block] - 1
+                if count:
+                    blocks[block] = count
+                    still_held += 1
+                else:
+                    del blocks[block]
+            kv_tokens -= still_held * self.block_tokens
+            if not blocks:
+                del self._blocks[replica_id]
         self._shift(
-            held.replica_id,
+            replica_id,
             -held.pending_prompt_tokens,
             -held.cost.sequences,
             -held.remaining_decode_tokens,
-            -held.kv_tokens,
+            -kv_tokens,
         )
         return True
 

@@ -14,15 +14,22 @@ from collections.abc import Callable, Iterable, Sequence
 
 from admission.promises import Promise
 from admission.queue import Place, QueuedRequest
-from vocabulary.capacity import fits, kv_room_tokens, routable
+from vocabulary.capacity import fits_sharing, kv_room_tokens, routable
 from vocabulary.replica import ReplicaView
+from vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 
 MaxActive = Callable[[ReplicaView], int]
 """The inter-token-latency guard of one replica: how many sequences it may decode at once."""
 
 
-def fleet_placer(replicas: Sequence[ReplicaView], now_s: float, max_active: MaxActive) -> Place:
-    """Places entries one after another on a simulated copy of ``replicas``."""
+def fleet_placer(
+    replicas: Sequence[ReplicaView],
+    now_s: float,
+    max_active: MaxActive,
+    resident: ResidentPrefixes = NOTHING_SHARED,
+) -> Place:
+    """Places entries one after another on a simulated copy of ``replicas``; an entry is not
+    charged for the prompt blocks ``resident`` says a replica holds already."""
     originals = {v.replica_id: v for v in replicas}
     simulated = dict(originals)
     best_room: dict[str, int] = {}
@@ -35,10 +42,13 @@ def fleet_placer(replicas: Sequence[ReplicaView], now_s: float, max_active: MaxA
         kv_tokens = entry.kv_tokens
         sequences = entry.request.cost.sequences
         model = entry.request.model
-        if best_room.get(model, kv_tokens) < kv_tokens:
+        blocks = entry.request.prompt_blocks
+        if not blocks and best_room.get(model, kv_tokens) < kv_tokens:
             return ()
         serving = [v for v in simulated.values() if routable(v, model, now_s)]
-        fitting = [v for v in serving if fits(v, kv_tokens, sequences, max_active(v))]
+        fitting = [
+            v for v in serving if fits_sharing(v, kv_tokens, sequences, max_active(v), blocks, resident)
+        ]
         if not fitting:
             best_room[model] = max(
                 (kv_room_tokens(v) for v in serving if v.load.resident_sequences < max_active(v)),

@@ -89,6 +89,13 @@ def overload(
     return _come_back(429, bound.value, text, expected_s, config)
 
 
+def decode_full(model: str, expected_s: float, config: AdmissionConfig) -> Refusal:
+    """A disaggregated request whose decode pool has no room for its worst case: the decode pool is
+    the bottleneck, so the wait is its own."""
+    text = f"The decode replicas for '{model}' are at KV-cache capacity."
+    return _come_back(429, RefusalReason.KV_CAPACITY, text, expected_s, config)
+
+
 def none_serving(model: str, fleet: FleetSnapshot, config: AdmissionConfig) -> Refusal:
     """No replica can serve ``model`` now: back when the first backed-off one is due, if any."""
     now_s = fleet.now_s

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-SCORER_NAMES: tuple[str, ...] = ("outstanding_tokens", "prefix_locality")
+SCORER_NAMES: tuple[str, ...] = ("outstanding_tokens", "sequence_slots", "prefix_locality")
 """Every scorer a ``scorer_weights`` key may name."""
 
 PolicyName = Literal["kvgate", "round_robin", "least_request"]
@@ -31,11 +31,12 @@ class RoutingConfig(BaseModel):
         ),
     )
     scorer_weights: dict[str, float] = Field(
-        default_factory=lambda: {"outstanding_tokens": 1.0, "prefix_locality": 1.0},
+        default_factory=lambda: {"outstanding_tokens": 1.0, "sequence_slots": 1.0, "prefix_locality": 1.0},
         description=(
             "Weight of each scorer in the kvgate policy's sum, by name; each scorer gives [0, 1]; a "
-            "scorer left out has weight 0. Known names: outstanding_tokens, prefix_locality. "
-            "Default {outstanding_tokens: 1, prefix_locality: 1}. Example: {outstanding_tokens: 2}"
+            "scorer left out has weight 0. Known names: outstanding_tokens (free KV share), "
+            "sequence_slots (free batch-slot share), prefix_locality. Default {outstanding_tokens: 1, "
+            "sequence_slots: 1, prefix_locality: 1}. Example: {outstanding_tokens: 2}"
         ),
     )
     bounded_load_factor: float = Field(
@@ -71,6 +72,17 @@ class RoutingConfig(BaseModel):
         description=(
             "Most prompt blocks (16 tokens each) remembered per replica in the prefix index; the "
             "least recently routed are forgotten first. Default 16384. Example: 32768"
+        ),
+    )
+    prefix_hold_s: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Longest a queued request is kept waiting for a replica that holds its prompt's prefix "
+            "(at least prefix_home_key_tokens of it) to have room, instead of being placed on another "
+            "with room, where it would prefill the prefix again and cache it twice; at most half of "
+            "its wait budget, never for a request holding a Retry-After promise; 0 disables. "
+            "Default 1. Example: 0.5"
         ),
     )
     sample_size: int = Field(

@@ -506,6 +506,16 @@ class Model(Section):
         default=None, gt=0, description="KV cache bytes per token; or give architecture. Example: 131072"
     )
     architecture: Architecture | None = Field(default=None, description="Derives kv_bytes_per_token.")
+    disaggregated_share: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "When the model is served both by a mixed pool and by a prefill+decode pair (a migration "
+            "between the two): the share of its requests sent through the pair, the rest whole to "
+            "the mixed pool. Ignored when only one of the two serves it. Default 1. Example: 0.25"
+        ),
+    )
 
     @model_validator(mode="after")
     def _one_kv_size(self) -> Model:
@@ -668,12 +678,45 @@ class GatewayConfig(Section):
             unknown = [m for m in pool.models if m not in names]
             if unknown:
                 problems.append(f"pools.{pool.name}.models: {unknown} are not configured models {names}")
+        for name in names:
+            problems.extend(_incomplete_pair(name, self.serving(name)))
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def serving(self, model: str) -> dict[str, tuple[str, ...]]:
+        """The pools serving ``model``, by role (``mixed``, ``prefill``, ``decode``), in config order."""
+        roles: dict[str, list[str]] = {"mixed": [], "prefill": [], "decode": []}
+        for pool in self.pools:
+            if not pool.models or model in pool.models:
+                roles[pool.role].append(pool.name)
+        return {role: tuple(pools) for role, pools in roles.items()}
+
+    def disaggregated(self, model: str) -> bool:
+        """``model`` has a prefill+decode pair: its requests may go through prefill, then decode."""
+        serving = self.serving(model)
+        return bool(serving["prefill"]) and bool(serving["decode"])
 
     def model(self, name: str) -> Model | None:
         for model in self.models:
             if model.name == name:
                 return model
         return None
+
+
+def _incomplete_pair(model: str, serving: dict[str, tuple[str, ...]]) -> list[str]:
+    """Why a model's pools cannot serve it whole: half a prefill/decode pair."""
+    prefill, decode = serving["prefill"], serving["decode"]
+    if prefill and not decode:
+        return [
+            f"models.{model}: prefill pool(s) {list(prefill)} serve it but no decode pool does; a "
+            "prefill replica computes only the prompt's KV and hands it to a decode replica, so add "
+            f"a pool with role decode serving '{model}' (or make {list(prefill)} mixed)"
+        ]
+    if decode and not prefill:
+        return [
+            f"models.{model}: decode pool(s) {list(decode)} serve it but no prefill pool does; a "
+            "decode replica takes requests only by hand-off from a prefill replica, so add a pool "
+            f"with role prefill serving '{model}' (or make {list(decode)} mixed)"
+        ]
+    return []

@@ -36,7 +36,7 @@ from gateway.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
-from gateway.state import ProxyRequest
+from gateway.state import ProxyRequest, retries
 
 CLIENT_CLOSED_REQUEST = 499
 """The status logged for a client that left before any answer (NGINX's convention)."""
@@ -121,7 +121,7 @@ class AccessLog:
             "duration_s": now_s - request.started_s,
             "status": status,
             "reason": reason,
-            "retries": max(0, len(request.tried) - 1),
+            "retries": retries(request),
         }
         line = self._render(None, "info", self._stamp(None, "info", event))
         self._sink.msg(line if isinstance(line, bytes) else line.encode())

@@ -8,7 +8,9 @@ inter-token gaps). From them the ledger learns which prefill is done, the replic
 rate (learned in ``admission.rates``: its forecasts of queue waits and of a request's own prefill
 against a TTFT objective run on them, not on constants) and how prompt counts and output lengths
 compare with its estimates, and the metrics every latency once. ``closed`` records a whole
-response's TTFT that never reached the metrics because sending it to the client failed.
+response's TTFT that never reached the metrics because sending it to the client failed. A
+disaggregated request's time to first token and prompt tokens are its prefill pool's (the phase
+that decides them), its inter-token latency and output tokens its decode pool's.
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ class Accounting:
         request.first_token_s = now_s
         ttft_s = now_s - request.arrived_s
         if request.stream:
-            self._metrics.observe_ttft(replica.pool, request.model, ttft_s)
+            pool = replica.pool if request.prefill_replica is None else request.prefill_replica.pool
+            self._metrics.observe_ttft(pool, request.model, ttft_s)
         else:
             request.ttft_s = ttft_s
-        self._fleet.observe_ttft(replica, ttft_s)
+        if request.prefill_replica is None:
+            self._fleet.observe_ttft(replica, ttft_s)
         if request.admission is not None:
             controller = self._controller
             served_s = ttft_s - (request.queue_wait_s or 0.0)
@@ -78,13 +82,22 @@ class Accounting:
             controller.calibration.observe_prompt(request.model, estimated, prompt_tokens)
             controller.calibration.observe_output(request.model, output_tokens)
         ttft_s, request.ttft_s = request.ttft_s, None
+        counted = prompt_tokens if admission is not None else None
+        prefill = request.prefill_replica
+        if prefill is not None:
+            if ttft_s is not None:
+                self._metrics.observe_ttft(prefill.pool, request.model, ttft_s)
+                ttft_s = None
+            if counted is not None:
+                self._metrics.record_prefill(prefill.pool, request.model, counted, estimated)
+                counted, estimated = 0, None
         self._metrics.record_response(
             replica.pool,
             request.model,
             ttft_s,
             now_s - request.arrived_s,
             itl_gaps_s,
-            prompt_tokens if admission is not None else None,
+            counted,
             output_tokens,
             estimated,
         )

@@ -218,11 +218,12 @@ class ChangeLog:
         await self._actuator.apply(r)
 
 
-async def run_up_loop(gateway_url: str, pool: str, control_url: str, config: AutoscalerConfig) -> None:
-    """``kvgate up``'s loop: the gateway's signals resize the simulated fleet (with its cold starts)
-    and the gateway's replica set; each change printed."""
+async def run_up_loop(gateway_url: str, controls: Mapping[str, str], config: AutoscalerConfig) -> None:
+    """``kvgate up``'s loop: the gateway's signals resize each simulated pool (``controls``: pool
+    name to its simulator's control URL, with its cold starts) and the gateway's replica set; each
+    change printed."""
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as session:
-        actuator = ChangeLog(SimActuator(session, {pool: control_url}, gateway_urls=[gateway_url]))
+        actuator = ChangeLog(SimActuator(session, dict(controls), gateway_urls=[gateway_url]))
         await run_loop(session, GatewaySources(urls=(gateway_url,)), actuator, config, prog="kvgate up")
 
 

@@ -46,6 +46,16 @@ def _config_check(args: argparse.Namespace) -> int:
         f"{args.file}: ok ({len(config.models)} model(s), {len(config.pools)} pool(s), "
         f"{replicas} static replica(s), {dns} DNS pool(s))"
     )
+    for model in config.models:
+        if config.disaggregated(model.name):
+            serving = config.serving(model.name)
+            mixed = list(serving["mixed"])
+            share = model.disaggregated_share
+            split = f", {share:g} of its requests (the rest whole on {mixed})" if mixed else ""
+            print(
+                f"  {model.name}: prefill {list(serving['prefill'])} hands off to decode "
+                f"{list(serving['decode'])}{split}"
+            )
     return 0
 
 

@@ -15,25 +15,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from admission import refusals
 from admission.controller import AdmissionController
 from admission.decision import Admit, Dispatch, Queue, Refusal, RefusalReason
+from admission.disaggregation import prefill_cost
 from admission.pump import AdmissionPump, Placement
 from config.schema import GatewayConfig
 from gateway.fleet import Fleet
 from gateway.leases import Leases
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
+from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
 from routing.router import Router
-from vocabulary.replica import ReplicaView
+from vocabulary.capacity import takes_handoff
+from vocabulary.replica import ReplicaView, Role
+from vocabulary.snapshot import FleetSnapshot
 from vocabulary.value import frozen_value
 
 PUMP_INTERVAL_S = 0.05
-_UNBOUNDED = 1 << 40
 
 
 @frozen_value
@@ -92,6 +94,15 @@ class Dispatcher:
         self.on_unmet: Callable[[int, int], None] = _nothing
         """Called when a request is queued (with 0, 0) or refused for capacity (with its KV tokens and
         sequences): demand the fleet did not take (``RedisCoordinator.top_up``)."""
+        self._disaggregated = {m.name for m in config.models if config.disaggregated(m.name)}
+        """Models with a prefill+decode pair: their decode room is asked before the prefill hop."""
+        self._split = {
+            m.name: m.disaggregated_share
+            for m in config.models
+            if m.name in self._disaggregated and config.serving(m.name)["mixed"]
+        }
+        """Models served both ways (a migration), with the share sent through the pair."""
+        self._split_credit = dict.fromkeys(self._split, 0.0)
 
     def queued_requests(self) -> list[ProxyRequest]:
         return [request for request, _ in self._pump.waiters()]
@@ -108,9 +119,22 @@ class Dispatcher:
         if blind is not None:
             self._metrics.count_decision("reject", blind.reason.value, pool=pool, model=model)
             return blind
-        decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
+        snapshot = self._fleet.snapshot(now_s)
+        if model in self._disaggregated:
+            snapshot = self._phase(request, snapshot)
+            if request.disaggregated is not False:
+                room = self.controller.decode_room(request.admission, snapshot)
+                if isinstance(room, Refusal):
+                    self._metrics.count_decision("reject", room.reason.value, pool=pool, model=model)
+                    return room
+        decision = self.controller.admit(request.admission, snapshot)
         topped_up = False
-        if isinstance(decision, Refusal) and self.top_up is not None and _unforeseeable(decision):
+        if (
+            isinstance(decision, Refusal)
+            and self.top_up is not None
+            and model not in self._disaggregated
+            and _unforeseeable(decision)
+        ):
             # Nothing this gateway holds frees room for it (its claims are too small), yet the
             # fleet may have the room: ask Redis for it now rather than tell the client not to retry.
             cost = request.admission.cost
@@ -140,9 +164,79 @@ class Dispatcher:
         self.on_unmet(0, 0)
         return await self._wait(request, decision, now_s)
 
+    def _phase(self, request: ProxyRequest, snapshot: FleetSnapshot) -> FleetSnapshot:
+        """For a model served both ways, whether this request goes through the pair: every
+        ``1 / share``-th request does (deterministic, so a replay splits alike), and the snapshot
+        it is admitted over keeps only the replicas of its way."""
+        share = self._split.get(request.model)
+        if share is None:
+            return snapshot
+        credit = self._split_credit[request.model] + share
+        request.disaggregated = credit >= 1.0
+        self._split_credit[request.model] = credit - 1.0 if request.disaggregated else credit
+        return self._of_its_way(request, snapshot)
+
+    def _of_its_way(self, request: ProxyRequest, snapshot: FleetSnapshot) -> FleetSnapshot:
+        if request.disaggregated is None:
+            return snapshot
+        skip = Role.MIXED if request.disaggregated else Role.PREFILL
+        kept = tuple(v for v in snapshot.replicas if v.role is not skip)
+        return FleetSnapshot(snapshot.now_s, kept, snapshot.resident)
+
+    def hand_off(self, request: ProxyRequest) -> Route | Refusal:
+        """The prefill replica handed the request's KV off: its prefill reservation goes back and its
+        whole worst case is reserved on a decode replica with room, chosen by load alone (the prefix
+        cache lives on the prefill side), or the refusal that says why none has room."""
+        assert request.admission is not None and request.routing is not None, "priced before handed off"
+        now_s = self._clock()
+        model = request.model
+        self._state.ledger.release(request.request_id)
+        self.pump()
+        room: tuple[ReplicaView, ...] | Refusal
+        enabled = self._config.enabled
+        if enabled:
+            room = self.controller.decode_room(request.admission, self._fleet.snapshot(now_s))
+        else:
+            room = tuple(v for v in self._fleet.views(now_s) if takes_handoff(v, model, now_s))
+        if isinstance(room, Refusal):
+            return room
+        routing = request.routing
+        decode = RoutingRequest(
+            model, routing.prompt_tokens, routing.max_output_tokens, (), routing.sequences
+        )
+        choice = self.router.choose(decode, room, now_s, exclude=request.tried, check_room=enabled)
+        replica = None if choice.replica_id is None else self._state.replicas.get(choice.replica_id)
+        if replica is None:
+            message = f"No decode replica serving '{model}' can take the request now."
+            return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
+        self._state.ledger.reserve(request.request_id, replica.replica_id, request.admission.cost, now_s)
+        request.tried.append(replica.replica_id)
+        return Route(replica)
+
+    def count_handoff_refusal(self, request: ProxyRequest, refusal: Refusal) -> None:
+        pool = self._fleet.pool_of(request.model)
+        self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
+
+    def retry_hand_off(self, request: ProxyRequest) -> Route | None:
+        """Another decode replica for a request whose decode replica failed before the first byte
+        (the prefill replica still holds its KV), under the retry budget; None when there is none."""
+        now_s = self._clock()
+        self._state.ledger.release(request.request_id)
+        retries = len(request.tried) - 2
+        verdict = self.retry_budget.allow(now_s, retries, request.response_started)
+        pool = self._fleet.pool_of(request.model)
+        if not verdict.allowed:
+            self._metrics.count_retry(pool, verdict.reason)
+            self.pump()
+            return None
+        route = self.hand_off(request)
+        self._metrics.count_retry(pool, "retry" if isinstance(route, Route) else "no_replica")
+        return route if isinstance(route, Route) else None
+
     def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
-        """Admission off: route among every healthy replica as if each had unbounded KV room."""
-        route = self._place(request, self._unbounded_views(now_s), now_s)
+        """Admission off: route among every healthy replica without the room filter (the replicas queue
+        what does not fit), on the real views, so the load scorer still sees real load."""
+        route = self._place(request, self._first_hop_views(request, now_s), now_s, check_room=False)
         pool = self._fleet.pool_of(request.model)
         if route is None:
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
@@ -151,25 +245,40 @@ class Dispatcher:
         self._metrics.count_admitted(pool, request.model, "admission_off", None)
         return route
 
-    def _unbounded_views(self, now_s: float) -> tuple[ReplicaView, ...]:
-        return tuple(
-            dataclasses.replace(v, kv_capacity_tokens=_UNBOUNDED, max_sequences=_UNBOUNDED)
-            for v in self._fleet.views(now_s)
-        )
+    def _first_hop_views(self, request: ProxyRequest, now_s: float) -> Sequence[ReplicaView]:
+        """Admission off: where the request's first hop may go (never a decode replica, which takes
+        work only by hand-off)."""
+        views = self._fleet.views(now_s)
+        if request.model not in self._disaggregated:
+            return views
+        if request.disaggregated is None and request.model in self._split:
+            self._phase(request, FleetSnapshot(now_s, ()))
+        snapshot = self._of_its_way(request, FleetSnapshot(now_s, tuple(views)))
+        return tuple(v for v in snapshot.replicas if v.role is not Role.DECODE)
 
     def _place(
-        self, request: ProxyRequest, candidates: tuple[ReplicaView, ...], now_s: float
+        self,
+        request: ProxyRequest,
+        candidates: Sequence[ReplicaView],
+        now_s: float,
+        check_room: bool = True,
+        hold_until_s: float = float("-inf"),
     ) -> Route | None:
         assert request.routing is not None and request.admission is not None
-        choice = self.router.choose(request.routing, candidates, now_s, exclude=request.tried)
+        ledger = self._state.ledger
+        routing = request.routing
+        choice = self.router.choose(
+            routing, candidates, now_s, request.tried, check_room, hold_until_s, ledger
+        )
         if choice.replica_id is None:
             return None
         replica = self._state.replicas.get(choice.replica_id)
         if replica is None:
             return None
-        if not self._state.ledger.reserve(
-            request.request_id, replica.replica_id, request.admission.cost, now_s
-        ):
+        cost = request.admission.cost
+        if replica.role is Role.PREFILL:
+            cost = prefill_cost(cost)
+        if not ledger.reserve(request.request_id, replica.replica_id, cost, now_s, routing.block_hashes):
             raise RuntimeError(f"request {request.request_id} already holds a reservation")
         self.leases.hold(request)
         request.tried.append(replica.replica_id)
@@ -211,11 +320,20 @@ class Dispatcher:
         request, future = waiter
         if future.done():
             return Placement.GONE  # the client left and its task has not heard yet
-        route = self._place(request, dispatch.candidates, now_s)
+        route = self._place(request, dispatch.candidates, now_s, hold_until_s=self._hold_until_s(dispatch))
         if route is None:
             return Placement.NO_ROOM
         future.set_result(route)
         return Placement.PLACED
+
+    def _hold_until_s(self, dispatch: Dispatch) -> float:
+        """Until when a queued request may wait for the replica holding its prefix: the routing
+        section's ``prefix_hold_s`` after it queued, within half its wait budget; never for a
+        promised request (its Retry-After said it would be admitted now)."""
+        if dispatch.promised_due_s is not None:
+            return float("-inf")
+        budget_s = dispatch.expires_at_s - dispatch.enqueued_at_s
+        return dispatch.enqueued_at_s + min(self.router.config.prefix_hold_s, budget_s / 2)
 
     def tick(self) -> None:
         """Keep the leases (``Leases.upkeep``), expire overdue waits (each answered with its 429)
@@ -249,10 +367,11 @@ class Dispatcher:
             self.pump()
             return None
         if self._config.enabled:
-            candidates = self.controller.retry_candidates(request.admission, self._fleet.snapshot(now_s))
+            snapshot = self._of_its_way(request, self._fleet.snapshot(now_s))
+            candidates = self.controller.retry_candidates(request.admission, snapshot)
+            route = self._place(request, candidates, now_s)
         else:
-            candidates = self._unbounded_views(now_s)
-        route = self._place(request, candidates, now_s)
+            route = self._place(request, self._first_hop_views(request, now_s), now_s, check_room=False)
         self._metrics.count_retry(pool, "no_replica" if route is None else "retry")
         if route is None:
             self.pump()

@@ -73,16 +73,21 @@ class Fleet:
         self.on_recovered: Callable[[], None] = _nothing
         """Called when a replica becomes healthy: queued work may fit now."""
         self._pool_of_model = {
-            m.name: next((p.name for p in config.pools if not p.models or m.name in p.models), "")
+            m.name: next(
+                (p.name for p in config.pools if (not p.models or m.name in p.models) and p.role != "decode"),
+                "",
+            )
             for m in config.models
         }
+        """The pool a model's requests are counted under until a replica is chosen: its first pool
+        that takes requests first-hand (a decode pool takes them only by hand-off)."""
         state.removal_listeners.append(self.forget)
 
     def pool_of(self, model: str) -> str:
         return self._pool_of_model.get(model, "")
 
     def snapshot(self, now_s: float) -> FleetSnapshot:
-        return FleetSnapshot(now_s, tuple(self.views(now_s)))
+        return FleetSnapshot(now_s, tuple(self.views(now_s)), self._state.ledger)
 
     def views(self, now_s: float) -> list[ReplicaView]:
         """Every replica's view at ``now_s``, reused while nothing in it changed. Health states are

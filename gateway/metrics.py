@@ -208,6 +208,18 @@ class GatewayMetrics:
         if estimated_prompt_tokens is not None and prompt_tokens > 0:
             self._events.tokenizer_ratio.labels(model).observe(estimated_prompt_tokens / prompt_tokens)
 
+    def record_prefill(
+        self, pool: str, model: str, prompt_tokens: int, estimated_prompt_tokens: int | None
+    ) -> None:
+        """A disaggregated request's prompt, counted where it was prefilled (its prefill pool), so
+        that pool's prompt tokens per second are its own; its output goes with ``record_response``
+        on its decode pool."""
+        series = self._series.get((pool, model)) or self._series_for(pool, model)
+        series.prompt_tokens.inc(prompt_tokens)
+        series.served.add(prompt_tokens, 0, self._clock())
+        if estimated_prompt_tokens is not None and prompt_tokens > 0:
+            self._events.tokenizer_ratio.labels(model).observe(estimated_prompt_tokens / prompt_tokens)
+
     def count_admitted(self, pool: str, model: str, reason: str, queue_wait_s: float | None) -> None:
         """One admission, with its queue wait (None: not observed here)."""
         decided = self._decided.get((pool, model, "admit", reason)) or self._admitted_for(pool, model, reason)

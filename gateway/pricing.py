@@ -91,6 +91,7 @@ class Pricer:
             for name, value in request.headers
             if name.startswith(b"x-") or name == _IDEMPOTENCY_KEY
         }
+        blocks = tuple(block_hashes(token_ids))
         request.admission = AdmissionRequest(
             request.request_id,
             tenant,
@@ -99,13 +100,10 @@ class Pricer:
             request.raw_body,
             retry_count(headers),
             request_key(headers),
+            blocks,
         )
         request.routing = RoutingRequest(
-            request.model,
-            cost.prompt_tokens,
-            cost.max_output_tokens,
-            tuple(block_hashes(token_ids)),
-            cost.sequences,
+            request.model, cost.prompt_tokens, cost.max_output_tokens, blocks, cost.sequences
         )
         return None
 

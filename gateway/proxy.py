@@ -2,7 +2,8 @@
 
 ``Proxy._serve`` is the request's life, read top to bottom, each step a call into its owner:
 parse (here) → price (``Pricer``) → admit and route (``Dispatcher``, which may queue it) → proxy
-(``Relay``, retrying on another replica while nothing reached the client) → account
+(``Relay``, retrying on another replica while nothing reached the client; a request routed to a
+prefill replica goes in two hops, ``gateway.handoff``) → account
 (``Accounting``, as the answer streams) → release (``Dispatcher``, once, in ``finally``). A refusal
 at any step is a value, rendered for the client by ``errors.refusal_error``.
 
@@ -41,9 +42,11 @@ from gateway.errors import (
     refusal_error,
 )
 from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
+from gateway.handoff import Handoff
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
+from vocabulary.replica import Role
 
 if TYPE_CHECKING:
     from gateway.access_log import AccessLog
@@ -55,6 +58,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 log = logging.getLogger("kvgate.proxy")
+_PREFILL = Role.PREFILL
 
 
 class Proxy:
@@ -84,6 +88,7 @@ class Proxy:
             retry_after_cap_s,
             tracing,
         )
+        self._handoff = Handoff(state, self._relay, path.dispatcher, self._refuse)
         self._access_log = access_log
         self._tracing = tracing
         self._max_body_bytes = server.max_body_bytes
@@ -147,13 +152,16 @@ class Proxy:
             while True:
                 replica = route.replica
                 request.replica = replica
-                replica.in_flight += 1
-                state.in_flight += 1
-                try:
-                    failure = await self._relay.attempt(request, replica, send)
-                finally:
-                    replica.in_flight -= 1
-                    state.in_flight -= 1
+                if replica.role is _PREFILL:
+                    failure = await self._handoff.serve(request, replica, send)
+                else:
+                    replica.in_flight += 1
+                    state.in_flight += 1
+                    try:
+                        failure = await self._relay.attempt(request, replica, send)
+                    finally:
+                        replica.in_flight -= 1
+                        state.in_flight -= 1
                 if failure is None:
                     return
                 retry = self._dispatcher.retry(request)

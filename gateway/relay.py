@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gateway.accounting import Accounting
-from gateway.errors import GatewayError, translate_upstream, upstream_status_error
+from gateway.errors import BadGateway, GatewayError, translate_upstream, upstream_status_error
 from gateway.fleet import Fleet
 from gateway.forwarding import NOT_RELAYED, SET_COOKIE, relay_headers
+from gateway.handoff import handoff_params, prefill_body
 from gateway.metrics import GatewayMetrics
 from gateway.replica_http import ReplicaClient, ReplicaResponse
 from gateway.state import ProxyRequest, ReplicaState
@@ -74,12 +75,7 @@ class Relay:
         replica_url = replica.url
         fleet = self._fleet
         accounting = self._accounting
-        upstream_headers = request.upstream_headers
-        if replica.authorization is not None:
-            upstream_headers = [h for h in upstream_headers if h[0] != _AUTHORIZATION]
-            upstream_headers.append((_AUTHORIZATION, replica.authorization))
-        if self._tracing is not None:
-            upstream_headers = self._tracing.upstream(request, replica, upstream_headers)
+        upstream_headers = self._upstream_headers(request, replica)
         try:
             response = await self._client.post(
                 replica_url,
@@ -141,6 +137,67 @@ class Relay:
         finally:
             if response is not None:
                 response.release()
+
+    async def prefill(
+        self, request: ProxyRequest, replica: ReplicaState, send: Send
+    ) -> dict[str, Any] | GatewayError | None:
+        """The first hop of a disaggregated request: the prefill replica computes the prompt's KV
+        (``gateway.handoff.prefill_body``) and answers the ``kv_transfer_params`` a decode replica
+        needs, which are returned. A 429, a 5xx, no answer or an answer without the parameters is
+        returned as an error the proxy may retry on another prefill replica; any other answer (a
+        400 for the client's own request) is relayed to the client as it is, and None returned."""
+        response: ReplicaResponse | None = None
+        started_s = self._clock()
+        try:
+            response = await self._client.post(
+                replica.url,
+                request.endpoint,
+                prefill_body(request.body),
+                self._upstream_headers(request, replica),
+                stream=False,
+            )
+            status = response.status
+            body = await response.read()
+            if status >= 500 or status == 429:
+                retry_after_s = _retry_after_s(response.header(b"retry-after"))
+                self._fleet.observe(replica, status, retry_after_s)
+                return upstream_status_error(
+                    status, replica.name, replica.url, body, retry_after_s, self._retry_after_cap_s
+                )
+            if status != 200:
+                headers = relay_headers(response.headers, request.x_request_id, self._not_relayed)
+                headers.append((b"content-length", str(len(body)).encode()))
+                request.response_started = True
+                request.status = status
+                self._metrics.count_relayed(status)
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return None
+            params = handoff_params(body)
+            if params is None:
+                self._fleet.observe(replica, None)
+                return BadGateway(f"prefill replica {replica.name} answered without kv_transfer_params")
+            self._fleet.observe(replica, status)
+            self._fleet.observe_ttft(replica, self._clock() - started_s)
+            return params
+        except (asyncio.CancelledError, GeneratorExit):
+            raise
+        except Exception as exc:
+            self._metrics.count_upstream_error(replica, exc)
+            self._fleet.observe(replica, None)
+            return translate_upstream(exc, replica.name, replica.url)
+        finally:
+            if response is not None:
+                response.release()
+
+    def _upstream_headers(self, request: ProxyRequest, replica: ReplicaState) -> list[tuple[bytes, bytes]]:
+        upstream_headers = request.upstream_headers
+        if replica.authorization is not None:
+            upstream_headers = [h for h in upstream_headers if h[0] != _AUTHORIZATION]
+            upstream_headers.append((_AUTHORIZATION, replica.authorization))
+        if self._tracing is not None:
+            upstream_headers = self._tracing.upstream(request, replica, upstream_headers)
+        return upstream_headers
 
     async def _stream(
         self,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from admission.decision import AdmissionRequest
 from admission.ledger import InMemoryLedger
 from config.schema import GatewayConfig, Model, Pool
+from routing.prefix_hash import BLOCK_SIZE_TOKENS
 from routing.request import RoutingRequest
 from vocabulary.replica import Role, ScrapedMetrics
 
@@ -130,6 +131,18 @@ class ProxyRequest:
     """What went wrong, when the gateway answered with an error or ended a stream with one."""
     trace: RequestTrace | None = None
     """The request's spans while it is served, when tracing is on."""
+    disaggregated: bool | None = None
+    """For a model served both whole and by a prefill+decode pair: whether this request goes through
+    the pair (``Model.disaggregated_share``); None when its model is served one way only."""
+    prefill_replica: ReplicaState | None = None
+    """The prefill replica that handed this request's KV to a decode replica, once one did."""
+
+
+def retries(request: ProxyRequest) -> int:
+    """Replicas the request was sent to beyond its first, not counting a disaggregated request's
+    hand-off to its decode replica (a second hop, not a retry)."""
+    hops = 1 if request.prefill_replica is None else 2
+    return max(0, len(request.tried) - hops)
 
 
 @dataclass(slots=True, eq=False)
@@ -150,7 +163,7 @@ class GatewayState:
         state = cls(
             models={m.name: m for m in config.models},
             pools={p.name: p for p in config.pools},
-            ledger=InMemoryLedger(config.admission.reservation_lease_s),
+            ledger=InMemoryLedger(config.admission.reservation_lease_s, BLOCK_SIZE_TOKENS),
         )
         for pool in config.pools:
             state.set_pool_urls(pool.name, pool.replicas)

@@ -31,7 +31,7 @@ from opentelemetry.util.types import AttributeValue
 
 from config.schema import Tracing as TracingConfig
 from gateway.access_log import outcome
-from gateway.state import ProxyRequest, ReplicaState
+from gateway.state import ProxyRequest, ReplicaState, retries
 
 _CONTEXT_HEADERS = (b"traceparent", b"tracestate")
 
@@ -166,6 +166,6 @@ def _attributes(request: ProxyRequest, status: int, reason: str | None) -> dict[
         "kvgate.tenant": request.tenant,
         "kvgate.replica": None if request.replica is None else request.replica.name,
         "kvgate.reason": reason,
-        "kvgate.retries": max(0, len(request.tried) - 1),
+        "kvgate.retries": retries(request),
     }
     return {key: value for key, value in values.items() if value is not None}

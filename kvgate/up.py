@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from config.autoscaler import AutoscalerConfig, PoolPolicy
 from config.loader import parse_config
 from gateway.cli import check_listen
 from gateway.command import CommandError
+
+if TYPE_CHECKING:
+    from loadtest.sim.fleet import SimFleet
 
 UP_POOL = "sim"
 
@@ -37,6 +43,12 @@ def register_up(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         dest="autoscale",
         action="store_false",
         help="do not run the autoscaler (by default it resizes the simulated fleet, with cold starts)",
+    )
+    parser.add_argument(
+        "--pd",
+        action="store_true",
+        help="a prefill/decode fleet: --replicas prefill replicas and as many decode replicas, in two "
+        "pools the gateway serves each request through (docs/pd.md); sized separately by the autoscaler",
     )
     parser.add_argument("--min-replicas", type=int, default=1, help="autoscaler floor (default 1)")
     parser.add_argument("--max-replicas", type=int, default=8, help="autoscaler ceiling (default 8)")
@@ -89,71 +101,92 @@ def up_autoscaler(args: argparse.Namespace) -> AutoscalerConfig | None:
 
 
 async def _run_up(args: argparse.Namespace, autoscaler: AutoscalerConfig | None) -> None:
-    from gateway.autoscale_loop import run_up_loop
-    from gateway.server import running_gateway
     from loadtest.sim.fleet import SimFleet
 
-    async with SimFleet(
-        replicas=args.replicas,
-        profile=args.profile,
-        time_scale=args.time_scale,
-        cold_start_s=0.0,
-        control_port=0,
-    ) as fleet:
-        profile = fleet.profile
-        config = parse_config(
-            {
-                "server": {"host": args.host, "port": args.port},
-                "models": [
-                    {
-                        "name": fleet.model,
-                        "max_model_len": profile.max_model_len,
-                        "kv_bytes_per_token": profile.kv_bytes_per_token,
-                    }
-                ],
-                "pools": [
-                    {
-                        "name": UP_POOL,
-                        "replicas": fleet.urls,
-                        "kv_capacity_tokens": profile.kv_capacity_tokens,
-                        "max_sequences": profile.max_num_seqs,
-                    }
-                ],
-                "admission": {
-                    "enabled": True,
-                    "auth_enabled": False,
-                    "max_active_sequences_per_replica": profile.max_num_seqs,
-                },
-                "routing": {"policy": "kvgate"},
-                "autoscaler": None if autoscaler is None else autoscaler.model_dump(mode="json"),
-                "access_log": {"format": "text"},
+    roles = ("prefill", "decode") if args.pd else ("mixed",)
+    async with contextlib.AsyncExitStack() as stack:
+        fleets = {
+            role: await stack.enter_async_context(
+                SimFleet(
+                    replicas=args.replicas,
+                    profile=args.profile,
+                    time_scale=args.time_scale,
+                    cold_start_s=0.0,
+                    control_port=0,
+                    role=role,
+                )
+            )
+            for role in roles
+        }
+        await _serve_up(args, autoscaler, fleets)
+
+
+async def _serve_up(
+    args: argparse.Namespace, autoscaler: AutoscalerConfig | None, fleets: Mapping[str, SimFleet]
+) -> None:
+    from gateway.autoscale_loop import run_up_loop
+    from gateway.server import running_gateway
+
+    fleet = next(iter(fleets.values()))
+    profile = fleet.profile
+    pools = {UP_POOL if role == "mixed" else role: sim for role, sim in fleets.items()}
+    config = parse_config(
+        {
+            "server": {"host": args.host, "port": args.port},
+            "models": [
+                {
+                    "name": fleet.model,
+                    "max_model_len": profile.max_model_len,
+                    "kv_bytes_per_token": profile.kv_bytes_per_token,
+                }
+            ],
+            "pools": [
+                {
+                    "name": name,
+                    "role": sim.role.value,
+                    "replicas": sim.urls,
+                    "kv_capacity_tokens": profile.kv_capacity_tokens,
+                    "max_sequences": profile.max_num_seqs,
+                }
+                for name, sim in pools.items()
+            ],
+            "admission": {
+                "enabled": True,
+                "auth_enabled": False,
+                "max_active_sequences_per_replica": profile.max_num_seqs,
             },
-            {},
-            "kvgate up",
+            "routing": {"policy": "kvgate"},
+            "autoscaler": None if autoscaler is None else autoscaler.model_dump(mode="json"),
+            "access_log": {"format": "text"},
+        },
+        {},
+        "kvgate up",
+    )
+    async with running_gateway(config, port=args.port) as gateway:
+        replicas = sum(len(sim.urls) for sim in pools.values())
+        layout = " + ".join(f"{len(sim.urls)} {name}" for name, sim in pools.items()) if args.pd else None
+        print(up_banner(gateway.url, fleet.model, replicas, args.profile, layout), flush=True)
+        controls = {name: sim.control_url for name, sim in pools.items() if sim.control_url is not None}
+        if config.autoscaler is None or not controls:
+            await gateway.serving
+            return
+        print(
+            f"autoscaler: every {config.autoscaler.interval_s:g} s, "
+            f"{args.min_replicas}..{args.max_replicas} replicas per pool; simulator control API "
+            + ", ".join(f"{name} {url}/replicas" for name, url in controls.items()),
+            flush=True,
         )
-        async with running_gateway(config, port=args.port) as gateway:
-            print(up_banner(gateway.url, fleet.model, len(fleet.urls), args.profile), flush=True)
-            if config.autoscaler is None or fleet.control_url is None:
-                await gateway.serving
-                return
-            print(
-                f"autoscaler: every {config.autoscaler.interval_s:g} s, "
-                f"{args.min_replicas}..{args.max_replicas} replicas; "
-                f"simulator control API {fleet.control_url}/replicas",
-                flush=True,
-            )
-            loop = asyncio.create_task(
-                run_up_loop(gateway.url, UP_POOL, fleet.control_url, config.autoscaler)
-            )
-            try:
-                await gateway.serving
-            finally:
-                loop.cancel()
-                await asyncio.gather(loop, return_exceptions=True)
+        loop = asyncio.create_task(run_up_loop(gateway.url, controls, config.autoscaler))
+        try:
+            await gateway.serving
+        finally:
+            loop.cancel()
+            await asyncio.gather(loop, return_exceptions=True)
 
 
-def up_banner(url: str, model: str, replicas: int, profile: str) -> str:
-    return f"""kvgate is up: {replicas} simulated {profile} replica(s) serving {model}
+def up_banner(url: str, model: str, replicas: int, profile: str, layout: str | None = None) -> str:
+    pd = "" if layout is None else f" ({layout}: prefill/decode disaggregated)"
+    return f"""kvgate is up: {replicas} simulated {profile} replica(s){pd} serving {model}
 OpenAI base URL: {url}/v1        (Ctrl-C stops everything)
 
   curl {url}/v1/chat/completions -H 'content-type: application/json' \\

@@ -43,8 +43,8 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest import peers
-from loadtest.client import wait_until_ok
+from loadtest import peers, routing_traces
+from loadtest.client import RetryPolicy, wait_until_ok
 from loadtest.compare import ratios, run_compare, summaries_for
 from loadtest.ports import free_ports
 from loadtest.report import Slo, Summary, class_table
@@ -105,9 +105,11 @@ class PolicyRun:
     lag_ratio: float
 
 
-async def serve_fleet(replicas: int, time_scale: float, kv_capacity_tokens: int, seed: int) -> None:
+async def serve_fleet(
+    replicas: int, time_scale: float, kv_capacity_tokens: int, max_num_seqs: int, seed: int
+) -> None:
     """The ``--fleet-child`` mode: print the replicas' URLs as one JSON line, serve until SIGTERM."""
-    overrides = {"warmup_s": 0.0, "kv_capacity_tokens": kv_capacity_tokens}
+    overrides = {"warmup_s": 0.0, "kv_capacity_tokens": kv_capacity_tokens, "max_num_seqs": max_num_seqs}
     async with SimFleet(replicas=replicas, time_scale=time_scale, seed=seed, overrides=overrides) as fleet:
         print(orjson.dumps(fleet.urls).decode(), flush=True)
         stop = asyncio.Event()
@@ -116,7 +118,12 @@ async def serve_fleet(replicas: int, time_scale: float, kv_capacity_tokens: int,
 
 
 def gateway_config(
-    urls: Sequence[str], port: int, policy: str, kv_capacity_tokens: int, admission: bool = True
+    urls: Sequence[str],
+    port: int,
+    policy: str,
+    kv_capacity_tokens: int,
+    admission: bool = True,
+    max_sequences: int = 256,
 ) -> dict[str, Any]:
     """A gateway differing from the others only in ``routing.policy``; with ``admission`` off every
     request is routed at once, as the Rust routers do, so the rows compare routing alone."""
@@ -124,7 +131,14 @@ def gateway_config(
         "server": {"host": "127.0.0.1", "port": port},
         "health": {"interval_s": 0.5},
         "models": [{"name": DEFAULT_MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
-        "pools": [{"name": "default", "replicas": list(urls), "kv_capacity_tokens": kv_capacity_tokens}],
+        "pools": [
+            {
+                "name": "default",
+                "replicas": list(urls),
+                "kv_capacity_tokens": kv_capacity_tokens,
+                "max_sequences": max_sequences,
+            }
+        ],
         "routing": {"policy": policy, "warmup_s": 0},
         "admission": {"max_queue_wait_s": 30, "enabled": admission},
     }
@@ -158,6 +172,8 @@ def start_fleet(started: list[subprocess.Popen[bytes]], args: argparse.Namespace
         str(args.time_scale),
         "--kv-capacity-tokens",
         str(args.kv_capacity_tokens),
+        "--max-num-seqs",
+        str(args.max_num_seqs),
         "--seed",
         str(args.seed),
     ]
@@ -175,7 +191,9 @@ def start_gateway(
     started: list[subprocess.Popen[bytes]], urls: Sequence[str], policy: str, args: argparse.Namespace
 ) -> str:
     port = free_ports()
-    config = gateway_config(urls, port, policy, args.kv_capacity_tokens, args.admission == "on")
+    config = gateway_config(
+        urls, port, policy, args.kv_capacity_tokens, args.admission == "on", args.max_num_seqs
+    )
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
         yaml.safe_dump(config, file)
     started.append(
@@ -315,7 +333,10 @@ def plot(runs: Sequence[PolicyRun], slo: Slo, path: Path) -> None:
 
 async def bench(args: argparse.Namespace) -> None:
     slo = Slo(args.slo_ttft_s, args.slo_itl_s)
-    trace = build_trace(workload(args.rate, args.duration_s, slo.ttft_s, slo.itl_s), args.seed)
+    if args.trace == "mixed":
+        trace = build_trace(workload(args.rate, args.duration_s, slo.ttft_s, slo.itl_s), args.seed)
+    else:
+        trace = routing_traces.TRACES[args.trace].trace(args.seed)
     classes: dict[str, int] = {}
     for request in trace.requests:
         classes[request.class_name] = classes.get(request.class_name, 0) + 1
@@ -342,8 +363,13 @@ async def bench(args: argparse.Namespace) -> None:
                     print(f"{peer.name}: did not start ({why_not}; output in {log}), left out")
             before = {name: await fleet_counters(session, fleets[name]) for name in gateways}
             targets = [Target(name, url, DEFAULT_MODEL) for name, url in gateways.items()]
+            retry = RetryPolicy(max_retries=args.retries, max_header_wait_s=30.0) if args.retries else None
             results = await run_compare(
-                targets, trace, RunOptions(), slice_count=args.slices, same_prompts=True
+                targets,
+                trace,
+                RunOptions(retry=retry, progress=sys.stderr),
+                slice_count=args.slices,
+                same_prompts=True,
             )
             after = {name: await fleet_counters(session, fleets[name]) for name in gateways}
     runs = []
@@ -376,6 +402,22 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--trace",
+        choices=("mixed", *routing_traces.TRACES),
+        default="mixed",
+        help="mixed (default: this module's trace, set by --rate and --duration-s) or one of "
+        "loadtest.routing_traces (its own rate, duration, fleet shape and SLO replace those options)",
+    )
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="sequence slots per replica (default 256)"
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=0,
+        help="times a client honours a 429's Retry-After (up to 30 s) and retries (default 0)",
+    )
+    parser.add_argument(
         "--admission",
         choices=("on", "off"),
         default="on",
@@ -393,10 +435,19 @@ def main() -> None:
     parser.add_argument("--png", type=Path, default=Path("bench_goodput.png"), help="plot path")
     parser.add_argument("--fleet-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.trace != "mixed":
+        chosen = routing_traces.TRACES[args.trace]
+        args.rate, args.duration_s = chosen.rate_rps, chosen.duration_s
+        args.slo_ttft_s, args.slo_itl_s = chosen.slo_ttft_s, chosen.slo_itl_s
+        args.replicas = chosen.replicas
+        args.kv_capacity_tokens = chosen.profile_overrides["kv_capacity_tokens"]
+        args.max_num_seqs = chosen.profile_overrides["max_num_seqs"]
     import uvloop
 
     if args.fleet_child:
-        uvloop.run(serve_fleet(args.replicas, args.time_scale, args.kv_capacity_tokens, args.seed))
+        uvloop.run(
+            serve_fleet(args.replicas, args.time_scale, args.kv_capacity_tokens, args.max_num_seqs, args.seed)
+        )
     else:
         uvloop.run(bench(args))
 

@@ -24,6 +24,7 @@ class CandidateScore:
     parts: Mapping[str, float]
     """Unweighted score of each scorer with a non-zero weight, each in [0, 1]."""
     load_ratio: float
+    """Token share plus slot share (``routing/load.py``): the load the bounded-load limit compares."""
     matched_blocks: int
 
 

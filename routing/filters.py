@@ -3,8 +3,11 @@
 A candidate must not be excluded by the caller (a retry goes to a replica not tried before), must
 serve the request's model, be healthy, be ready (it reported healthy at least once; a replica is
 never routable before that), be out of any back-off (ejection or a 429/503 avoid window) and have
-KV room for the request's worst case and a sequence slot for each of its sequences, asked through
-``vocabulary.capacity.fits`` so routing and admission cannot disagree. Filters run in that order;
+KV room for the request's worst case (less the prompt blocks resident there, ``vocabulary.sharing``)
+and a sequence slot for each of its sequences, asked through ``vocabulary.capacity.fits_sharing`` so
+routing and admission cannot disagree. With admission turned off the
+room filter is off too (``check_room``): the replicas' own schedulers queue what does not fit, and
+the views keep their real capacity so the load scorer still measures load. Filters run in that order;
 when none survive, the reason names the furthest filter any candidate reached, which is the
 constraint actually binding (``no_kv_room`` tells the caller to queue, ``unhealthy`` that the fleet
 is down).
@@ -15,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from routing.request import RoutingRequest
-from vocabulary.capacity import fits
+from vocabulary.capacity import fits_sharing
 from vocabulary.replica import ReplicaView
+from vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 
 FILTER_REASONS: tuple[str, ...] = ("excluded", "no_model", "unhealthy", "not_ready", "backoff", "no_kv_room")
 """Rejection reasons in filter order; a decision with no replica reports one of these or ``no_replica``."""
@@ -26,12 +30,34 @@ NO_REPLICA = "no_replica"
 class Gate:
     """The filter chain bound to one request at one instant (a plain class: built per decision)."""
 
-    __slots__ = ("exclude", "now_s", "request")
+    __slots__ = ("check_room", "exclude", "hold_until_s", "now_s", "request", "resident")
 
-    def __init__(self, request: RoutingRequest, now_s: float, exclude: Collection[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        request: RoutingRequest,
+        now_s: float,
+        exclude: Collection[str] = frozenset(),
+        check_room: bool = True,
+        hold_until_s: float = float("-inf"),
+        resident: ResidentPrefixes = NOTHING_SHARED,
+    ) -> None:
         self.request = request
         self.now_s = now_s
         self.exclude = exclude
+        self.check_room = check_room
+        self.hold_until_s = hold_until_s
+        """Until when the request may be left waiting for a replica that holds its prefix to have
+        room (a queued request the edge would rather place there than prefill elsewhere)."""
+        self.resident = resident
+        """What each replica already holds of the request's prompt: not charged for room."""
+
+    def has_room(self, view: ReplicaView) -> bool:
+        """Room for the request's worst case less the prompt blocks resident there."""
+        request = self.request
+        blocks = request.block_hashes
+        return fits_sharing(
+            view, request.kv_tokens, request.sequences, view.max_sequences, blocks, self.resident
+        )
 
     def rejection(self, view: ReplicaView) -> str | None:
         """The first filter ``view`` fails, or None if it may take the request."""
@@ -45,7 +71,7 @@ class Gate:
             return "not_ready"
         if view.backoff_until_s > self.now_s:
             return "backoff"
-        if not fits(view, self.request.kv_tokens, self.request.sequences, view.max_sequences):
+        if self.check_room and not self.has_room(view):
             return "no_kv_room"
         return None
 
@@ -57,8 +83,8 @@ class Gate:
         exclude = self.exclude
         model = self.request.model
         now_s = self.now_s
-        kv_tokens = self.request.kv_tokens
-        sequences = self.request.sequences
+        check_room = self.check_room
+        has_room = self.has_room
         passed = [
             view
             for view in views
@@ -68,7 +94,7 @@ class Gate:
             and view.ready_since_s is not None
             and view.ready_since_s <= now_s
             and view.backoff_until_s <= now_s
-            and fits(view, kv_tokens, sequences, view.max_sequences)
+            and (not check_room or has_room(view))
         ]
         if passed:
             return passed, ""

@@ -5,7 +5,8 @@ takes the request, a snapshot of the fleet and the current time, and returns a v
 with the reason, or ``None`` with the binding filter as the reason. It performs no I/O, reads no
 clock, draws only from the injected ``random.Random`` and records no metrics; the one thing it
 remembers is what it routed where (the prefix index, updated for the kvgate policy when a replica
-is chosen). A retry passes the replicas already tried as ``exclude``. When a replica vanishes,
+is chosen). A retry passes the replicas already tried as ``exclude``; with admission off the edge
+passes ``check_room=False`` (nothing is held back for room, the replicas queue it). When a replica vanishes,
 is ejected or restarts, the edge calls ``forget`` so its prefix entries go with it.
 """
 
@@ -24,6 +25,7 @@ from routing.policy import Policy
 from routing.prefix_index import PrefixIndex
 from routing.request import RoutingRequest
 from vocabulary.replica import ReplicaView
+from vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 
 
 class Router:
@@ -53,8 +55,12 @@ class Router:
         replicas: Sequence[ReplicaView],
         now_s: float,
         exclude: Collection[str] = frozenset(),
+        check_room: bool = True,
+        hold_until_s: float = float("-inf"),
+        resident: ResidentPrefixes = NOTHING_SHARED,
     ) -> RoutingDecision:
-        decision = self._policy.pick(request, replicas, Gate(request, now_s, exclude))
+        gate = Gate(request, now_s, exclude, check_room, hold_until_s, resident)
+        decision = self._policy.pick(request, replicas, gate)
         if decision.replica_id is not None and self._records_prefixes and request.block_hashes:
             self._index.record(decision.replica_id, request.block_hashes)
         return decision

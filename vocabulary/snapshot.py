@@ -10,6 +10,7 @@ routing chooses among the candidates admission took from it.
 from __future__ import annotations
 
 from vocabulary.replica import ReplicaView
+from vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 from vocabulary.value import frozen_value
 
 
@@ -17,3 +18,6 @@ from vocabulary.value import frozen_value
 class FleetSnapshot:
     now_s: float
     replicas: tuple[ReplicaView, ...]
+    resident: ResidentPrefixes = NOTHING_SHARED
+    """The prompt KV resident requests hold per replica (``vocabulary/sharing.py``): room checks
+    do not charge a request for the part of its prompt a replica already holds."""

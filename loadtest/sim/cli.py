@@ -20,7 +20,15 @@ from loadtest.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
 from loadtest.sim.replica import SimReplica
 from vocabulary.replica import Role
 
-_OVERRIDES = ("kv_capacity_tokens", "max_num_seqs", "max_num_batched_tokens", "max_model_len", "warmup_s")
+_OVERRIDES = (
+    "kv_capacity_tokens",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "warmup_s",
+    "kv_link_bytes_per_s",
+    "kv_transfer_timeout_s",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--role",
         default="mixed",
         choices=[r.value for r in Role],
-        help="mixed (default), prefill (one token, KV handed off) or decode (takes transferred KV)",
+        help="mixed (default), prefill (one token, KV kept for a decode replica to pull) or decode "
+        "(pulls the KV named by kv_transfer_params, then decodes)",
     )
     parser.add_argument("--model", default=DEFAULT_MODEL, help=f"served model name (default {DEFAULT_MODEL})")
     parser.add_argument(
@@ -56,6 +65,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="seconds after a cold start during which steps run slower, easing back (default: profile)",
+    )
+    parser.add_argument(
+        "--kv-link-bytes-per-s",
+        type=float,
+        default=None,
+        help="decode role: the link a prompt's KV is pulled over, in bytes/s (default: profile, 50e9)",
+    )
+    parser.add_argument(
+        "--kv-transfer-timeout-s",
+        type=float,
+        default=None,
+        help="prefill role: seconds a hand-off waits to be pulled before it is dropped (default 480)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seeds output lengths and ids (default 0)")
 

@@ -39,6 +39,10 @@ class Profile:
     # Natural output length: lognormal with this median and sigma, clipped to [1, max_tokens].
     output_len_median_tokens: float
     output_len_sigma: float
+    # Disaggregated serving: the link a decode instance pulls a prompt's KV over, and how long a
+    # prefill instance keeps KV no decode instance pulled (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
+    kv_link_bytes_per_s: float = 50e9
+    kv_transfer_timeout_s: float = 480.0
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -136,6 +140,7 @@ _POSITIVE = frozenset(
         "hbm_bytes_per_s",
         "hbm_efficiency_ratio",
         "output_len_median_tokens",
+        "kv_link_bytes_per_s",
     }
 )
 

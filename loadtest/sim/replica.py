@@ -14,12 +14,21 @@ answers) → ``draining`` (port closed, in-flight finish) → ``drained`` → ``
 from anywhere (open connections reset mid-stream, port closed); ``failed`` if the port could not be
 bound when loading ended.
 
-Role (as in disaggregated prefill/decode serving): a ``mixed`` replica serves requests whole. A
-``prefill`` replica runs every request as a prefill instance given ``max_tokens=1``: one token, then
-its KV is handed off (freed) and a non-streamed response carries the ``kv_transfer_params`` a decode
-instance needs. A ``decode`` replica skips the prefill of a request whose ``kv_transfer_params`` say
-``do_remote_prefill``: its prompt blocks are allocated as if transferred and only the last prompt
-token runs before decoding; without them it serves the request as a mixed replica would.
+Role (as in vLLM's disaggregated prefill/decode serving with the NixlConnector): a ``mixed``
+replica serves requests whole. A ``prefill`` replica runs every request as a prefill instance given
+``max_tokens=1``: one token, and its response carries the ``kv_transfer_params`` a decode instance
+needs (``do_remote_prefill``, ``remote_engine_id``, ``remote_block_ids``, ``remote_host``,
+``remote_port``, ``remote_request_id``, ``tp_size``); the transfer is kept for the decode instance to
+pull until ``kv_transfer_timeout_s`` (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``), then dropped. A
+``decode`` replica given those parameters pulls the KV from ``remote_host:remote_port`` (the
+simulator's side channel is ``POST /kv/pull`` on the prefill replica's own port), waits the time
+the bytes take over ``kv_link_bytes_per_s``, and skips the prefill: its prompt blocks are allocated
+as if transferred and only the last prompt token runs before decoding. A pull that fails (the
+prefill replica is gone, the transfer id is unknown, already pulled or expired) fails the request as
+vLLM's ``fail`` load-failure policy does: a 500, or an error event and ``[DONE]`` on a stream. The
+prefill replica frees its KV blocks at its answer (vLLM holds them until the pull); the time a
+transfer occupies is charged on the decode side only. Without the parameters a decode replica
+serves the request as a mixed replica would.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import contextlib
 import itertools
 import time
 from collections import OrderedDict
+from typing import Any
 
 import orjson
 
@@ -42,6 +52,7 @@ from loadtest.sim.protocol import (
     VLLM_VERSION,
     WORDS,
     ApiError,
+    GenerationRequest,
     StreamTemplates,
     full_response,
     length_error,
@@ -67,7 +78,10 @@ _ROUTES = {
     "/health": "GET",
     "/version": "GET",
     "/metrics": "GET",
+    "/kv/pull": "POST",
 }
+_PULL_TIMEOUT_S = 5.0
+_HANDOFF_FIELDS = ("remote_request_id", "remote_host", "remote_port", "remote_block_ids")
 
 
 class _Exchange:
@@ -242,8 +256,13 @@ class SimReplica:
         self._encoded: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
         self._records: dict[str, bytearray] | None = {} if record_streams else None
         self._ids = itertools.count()
+        self._handoffs = itertools.count()
         self._id_prefix = f"sim{seed:x}r{index}-"
         self._conns: set[Connection] = set()
+        self._transfers: dict[str, tuple[float, int]] = {}
+        """Prefill role: KV kept for a decode instance, by transfer id: (expiry on the loop's
+        clock, bytes)."""
+        self._pulls: set[asyncio.Task[None]] = set()
         self._exchanges: set[_Exchange] = set()
         self._stalled: list[tuple[Connection, Request]] = []
         self._server: asyncio.Server | None = None
@@ -355,6 +374,9 @@ class SimReplica:
         for conn in list(self._conns):
             conn.abort()
         self.engine.abort_all()
+        for pull in self._pulls:
+            pull.cancel()
+        self._transfers.clear()
         self._exchanges.clear()
         self._stalled.clear()
         self._idle.set()
@@ -447,6 +469,8 @@ class SimReplica:
             conn.respond(200, self._models_body())
         elif path == "/version":
             conn.respond(200, orjson.dumps({"version": VLLM_VERSION}))
+        elif path == "/kv/pull":
+            self._serve_pull(conn, request)
         else:
             self._tokenize(conn, request)
 
@@ -488,6 +512,12 @@ class SimReplica:
                 conn.respond(too_long.status, too_long.body())
                 return
         kv_transferred = role is Role.DECODE and parsed.remote_prefill
+        handoff = parsed.kv_transfer_params or {}
+        if kv_transferred and any(handoff.get(name) is None for name in _HANDOFF_FIELDS):
+            missing = [name for name in _HANDOFF_FIELDS if handoff.get(name) is None]
+            error = ApiError(400, f"kv_transfer_params lacks {', '.join(missing)}.", "BadRequestError")
+            conn.respond(error.status, error.body())
+            return
         header_id = request.headers.get(b"x-request-id")
         base_id = header_id.decode("latin-1") if header_id else f"{self._id_prefix}{next(self._ids)}"
         response_id = ("chatcmpl-" if chat else "cmpl-") + base_id
@@ -511,12 +541,34 @@ class SimReplica:
             record,
         )
         if role is Role.PREFILL:
-            exchange.kv_transfer_params = self._handoff_params(base_id)
+            exchange.kv_transfer_params = self._handoff_params(base_id, exchange.prompt_tokens)
+        self._exchanges.add(exchange)
+        self._idle.clear()
+        request.on_disconnect = exchange.on_disconnect
+        if parsed.stream:
+            # As vLLM's StreamingResponse: status and headers at once, events from the first token.
+            conn.start_stream()
+        if kv_transferred:
+            pull = asyncio.create_task(self._receive_kv(exchange, handoff, prompts, parsed, requested_max))
+            self._pulls.add(pull)
+            pull.add_done_callback(self._pulls.discard)
+            return
+        self._add_sequences(exchange, prompts, parsed, requested_max, kv_transferred=False)
+
+    def _add_sequences(
+        self,
+        exchange: _Exchange,
+        prompts: list[tuple[list[int], list[int]]],
+        parsed: GenerationRequest,
+        requested_max: int | None,
+        kv_transferred: bool,
+    ) -> None:
         arrival_s = self.sim_now()
+        choices = len(prompts) * parsed.n
         for index in range(choices):
             token_ids, hashes = prompts[index // parsed.n]
             max_tokens = requested_max if requested_max is not None else self.max_model_len - len(token_ids)
-            seq_id = response_id if choices == 1 else f"{response_id}-{index}"
+            seq_id = exchange.response_id if choices == 1 else f"{exchange.response_id}-{index}"
             exchange.seqs.append(
                 self.engine.add_request(
                     seq_id,
@@ -530,25 +582,68 @@ class SimReplica:
                     kv_transferred=kv_transferred,
                 )
             )
-        self._exchanges.add(exchange)
-        self._idle.clear()
-        request.on_disconnect = exchange.on_disconnect
-        if parsed.stream:
-            # As vLLM's StreamingResponse: status and headers at once, events from the first token.
-            conn.start_stream()
         self._wake.set()
 
-    def _handoff_params(self, request_id: str) -> dict[str, object]:
-        """What a prefill instance's connector returns for the decode instance to pull the KV."""
+    def _handoff_params(self, request_id: str, prompt_tokens: int) -> dict[str, object]:
+        """What a prefill instance's connector returns for the decode instance to pull the KV; the
+        transfer is kept until it is pulled or ``kv_transfer_timeout_s`` passes."""
+        profile = self.profile
+        blocks = -(-prompt_tokens // profile.block_size_tokens)
+        first_block = next(self._handoffs) * blocks % max(1, profile.num_gpu_blocks)
+        expires_s = asyncio.get_running_loop().time() + profile.kv_transfer_timeout_s * (
+            self.time_scale or 1.0
+        )
+        self._transfers[request_id] = (expires_s, prompt_tokens * profile.kv_bytes_per_token)
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "remote_engine_id": self._id_prefix.rstrip("-"),
+            "remote_block_ids": list(range(first_block, first_block + blocks)),
             "remote_request_id": request_id,
             "remote_host": self.host,
             "remote_port": self.port,
             "tp_size": 1,
         }
+
+    def _serve_pull(self, conn: Connection, request: Request) -> None:
+        """The side channel: a decode instance takes the KV of one transfer, once."""
+        body = parse_body(request.body)
+        transfer_id = body.get("remote_request_id") if isinstance(body, dict) else None
+        held = self._transfers.pop(transfer_id, None) if isinstance(transfer_id, str) else None
+        if held is None or held[0] < asyncio.get_running_loop().time():
+            message = f"no KV held for transfer {transfer_id!r} (unknown, already pulled or expired)"
+            conn.respond(404, orjson.dumps({"error": message}))
+            return
+        conn.respond(200, orjson.dumps({"bytes": held[1]}))
+
+    async def _receive_kv(
+        self,
+        exchange: _Exchange,
+        handoff: dict[str, Any],
+        prompts: list[tuple[list[int], list[int]]],
+        parsed: GenerationRequest,
+        requested_max: int | None,
+    ) -> None:
+        """Pull the prompt's KV from the prefill instance, spend the link's time on the bytes, then
+        decode; a failed pull fails the request."""
+        host, port = str(handoff["remote_host"]), int(handoff["remote_port"])
+        moved = await _pull(host, port, str(handoff["remote_request_id"]))
+        if exchange not in self._exchanges:
+            return
+        if isinstance(moved, str):
+            message = f"KV transfer for request {exchange.response_id} failed: {moved}"
+            error = ApiError(500, message, "InternalServerError")
+            self._finish(exchange)
+            if exchange.templates is None:
+                exchange.conn.respond(error.status, error.body())
+            else:
+                exchange.conn.end_stream(b"data: " + error.body() + b"\n\n" + DONE_CHUNK)
+            return
+        if self.time_scale > 0:
+            await asyncio.sleep(moved / self.profile.kv_link_bytes_per_s * self.time_scale)
+            if exchange not in self._exchanges:
+                return
+        self._add_sequences(exchange, prompts, parsed, requested_max, kv_transferred=True)
 
     def _models_body(self) -> bytes:
         return orjson.dumps(
@@ -625,3 +720,31 @@ def parse_role(role: Role | str) -> Role:
     except ValueError:
         choices = ", ".join(r.value for r in Role)
         raise ValueError(f"role must be one of {choices}, got {role!r}") from None
+
+
+async def _pull(host: str, port: int, transfer_id: str) -> int | str:
+    """Take one transfer's KV from a prefill replica's side channel: the bytes moved, or why not."""
+    body = orjson.dumps({"remote_request_id": transfer_id})
+    head = b"POST /kv/pull HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n" % (
+        host.encode(),
+        port,
+    )
+    try:
+        async with asyncio.timeout(_PULL_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(head + b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+                answer = await reader.read()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError) as exc:
+        return f"cannot reach the prefill instance at {host}:{port}: {exc!r}"
+    status_line, _, rest = answer.partition(b"\r\n")
+    payload = rest.partition(b"\r\n\r\n")[2]
+    try:
+        parsed = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not status_line.startswith(b"HTTP/1.1 200") or not isinstance(parsed, dict):
+        return str(parsed.get("error")) if isinstance(parsed, dict) else status_line.decode("latin-1")
+    return int(parsed["bytes"])

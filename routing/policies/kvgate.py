@@ -34,6 +34,9 @@ from routing.request import RoutingRequest
 from routing.scorers import SCORERS, Scorer, ScoringContext
 from vocabulary.replica import ReplicaView
 
+PREFIX_HOLDER_FULL = "prefix_holder_full"
+"""No replica chosen: the ones holding the request's prefix are full and it may wait for them."""
+
 
 class KvgatePolicy:
     def __init__(self, config: RoutingConfig, rng: random.Random, index: PrefixIndex) -> None:
@@ -58,16 +61,26 @@ class KvgatePolicy:
             passed, reason = gate.passing(replicas)
         if not passed:
             return RoutingDecision(None, reason)
+        if (
+            gate.now_s < gate.hold_until_s
+            and self._uses_prefix
+            and self._holder_is_full(request, window, passed, gate)
+        ):
+            return RoutingDecision(None, PREFIX_HOLDER_FULL)
         now_s = gate.now_s
         candidates = self._ramp.keep(passed, now_s, self._rng)
-        loads = load_ratios(candidates, now_s, self._stale_s)
+        token_shares, slot_shares = load_ratios(candidates, now_s, self._stale_s)
+        loads = [tokens + slots for tokens, slots in zip(token_shares, slot_shares, strict=True)]
         hashes = request.block_hashes
         home, home_score = -1, 0.0
         replica_ids = [view.replica_id for view in candidates]
         if self._uses_prefix and hashes:
             matched = self._index.match_each(replica_ids, hashes)
-            kv_tokens = request.kv_tokens
-            costs = [kv_tokens / view.kv_capacity_tokens for view in candidates]
+            kv_tokens, sequences = request.kv_tokens, request.sequences
+            costs = [
+                kv_tokens / view.kv_capacity_tokens + sequences / max(1, view.max_sequences)
+                for view in candidates
+            ]
             bounded = within_bound(loads, costs, self._bounded_load_factor)
             if 0 < self._home_key_blocks <= len(hashes):
                 home, home_score = self._home(hashes, replica_ids, matched, bounded, len(replicas))
@@ -75,7 +88,7 @@ class KvgatePolicy:
             # Without a prefix to score, no scorer reads the bound: every candidate is inside it.
             matched = [0] * len(candidates)
             bounded = [True] * len(candidates)
-        context = ScoringContext(now_s, loads, matched, bounded, home, home_score)
+        context = ScoringContext(now_s, token_shares, slot_shares, matched, bounded, home, home_score)
         parts = {name: scorer(request, candidates, context) for name, scorer, _ in self._scorers}
         totals = _weighted_sums(parts, self._scorers)
         chosen = pick_best(totals, self._rng)
@@ -84,6 +97,33 @@ class KvgatePolicy:
         return RoutingDecision(
             candidates[chosen].replica_id, "prefix_affinity" if affinity else "least_load", columns
         )
+
+    def _holder_is_full(
+        self,
+        request: RoutingRequest,
+        window: Sequence[ReplicaView],
+        passed: Sequence[ReplicaView],
+        gate: Gate,
+    ) -> bool:
+        """Whether the request should wait for the replicas holding its longest known prefix.
+
+        Only a prefix worth it (at least ``prefix_home_key_tokens``): placed elsewhere the request
+        would prefill it again and cache it twice, evicting another prefix. It waits when no holder
+        is among the replicas that may take it now and every holder it was shown lacks only room;
+        a holder it was not shown at all was left out by admission for lack of room (an ejected
+        or removed replica is forgotten by the index, so it is no holder).
+        """
+        key_blocks = max(1, self._home_key_blocks)
+        hashes = request.block_hashes
+        if len(hashes) < key_blocks:
+            return False
+        blocks, holders = self._index.longest_holders(hashes)
+        if blocks < key_blocks:
+            return False
+        held = set(holders)
+        if any(view.replica_id in held for view in passed):
+            return False
+        return all(gate.rejection(view) == "no_kv_room" for view in window if view.replica_id in held)
 
     def _home(
         self,

@@ -145,3 +145,38 @@ async def test_kvgate_up_without_the_autoscaler_publishes_nothing() -> None:
         await stop(process, signal.SIGINT)
     assert process.stdout is not None
     assert b"autoscaler:" not in await process.stdout.read()
+
+
+async def test_kvgate_up_pd_serves_through_a_prefill_decode_pair_and_sizes_each_pool() -> None:
+    port = free_ports()
+    process = await asyncio.create_subprocess_exec(
+        KVGATE,
+        *("up", "--pd", "--replicas", "1", "--min-replicas", "1", "--max-replicas", "2", "--port", str(port)),
+        *("--time-scale", "0", "--autoscale-interval-s", "0.2"),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await wait_until_ok(session, url + "/readyz")
+            body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "hi", "max_tokens": 5}
+            async with session.post(url + "/v1/completions", json=body) as response:
+                assert response.status == 200
+                assert (await response.json())["usage"]["completion_tokens"] >= 1
+            pools: dict[str, Any] = {}
+            for _ in range(600):
+                async with session.get(url + "/signals") as response:
+                    pools = (await response.json())["pools"]
+                if all(pools[p]["desired_replicas"] is not None for p in ("prefill", "decode")):
+                    break
+                await asyncio.sleep(0.05)
+            assert {name: pool["role"] for name, pool in pools.items()} == {
+                "prefill": "prefill",
+                "decode": "decode",
+            }
+            assert all(pools[p]["desired_replicas"] == 1 for p in ("prefill", "decode")), pools
+    finally:
+        await stop(process, signal.SIGINT)
+    assert process.stdout is not None
+    banner = (await process.stdout.read()).decode()
+    assert "(1 prefill + 1 decode: prefill/decode disaggregated)" in banner

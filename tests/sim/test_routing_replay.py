@@ -51,7 +51,7 @@ def kv_spread(result: ReplayResult, after_s: float) -> float:
 def test_least_outstanding_tokens_keeps_kv_far_more_even_than_round_robin(seed: int) -> None:
     fleet = [ReplicaSpec(f"r{i}") for i in range(4)]
     trace = heterogeneous_trace(seed)
-    kvgate = run(fleet, trace, RoutingConfig(policy="kvgate"))
+    kvgate = run(fleet, trace, RoutingConfig(scorer_weights={"outstanding_tokens": 1.0}))
     round_robin = run(fleet, trace, RoutingConfig(policy="round_robin"))
     assert len(kvgate.placements) == len(round_robin.placements) == len(trace)
     assert kv_spread(kvgate, after_s=30.0) < 0.5 * kv_spread(round_robin, after_s=30.0)
@@ -92,8 +92,8 @@ def test_prefix_locality_hits_far_more_than_round_robin_within_the_load_bound() 
         scores = placement.decision.scores
         chosen = placement.decision.score_of(placement.decision.replica_id or "")
         assert chosen is not None and len(scores) == len(PREFIX_FLEET)
-        capacity = next(v.kv_capacity_tokens for v in placement.views if v.replica_id == chosen.replica_id)
-        cost = placement.request.kv_tokens / capacity
+        chosen_view = next(v for v in placement.views if v.replica_id == chosen.replica_id)
+        cost = placement.request.kv_tokens / chosen_view.kv_capacity_tokens + 1 / chosen_view.max_sequences
         mean_after = (sum(s.load_ratio for s in scores) + cost) / len(scores)
         assert chosen.load_ratio <= config.bounded_load_factor * mean_after
 
@@ -109,7 +109,7 @@ MANY_PREFIX_FLEET = [
 ]
 
 
-@pytest.mark.parametrize(("prompts", "gain"), [(16, 1.15), (32, 1.1)])
+@pytest.mark.parametrize(("prompts", "gain"), [(16, 1.05), (32, 1.1)])
 def test_prefix_homes_partition_many_prefixes_and_hit_more_than_locality_alone(
     prompts: int, gain: float
 ) -> None:

@@ -151,7 +151,7 @@ def test_apply_env_overrides_leaves_input_alone() -> None:
     assert "server" not in MINIMAL
 
 
-@pytest.mark.parametrize("name", ["static.yaml", "kubernetes.yaml"])
+@pytest.mark.parametrize("name", ["static.yaml", "kubernetes.yaml", "disaggregated.yaml"])
 def test_examples_are_valid(name: str) -> None:
     config = load_config(EXAMPLES_DIR / name, environ={})
     assert config.models[0].kv_bytes == 131072

@@ -120,7 +120,7 @@ def config() -> Any:
     )
 
 
-def trace(seed: int = 11, count: int = 260) -> list[Planned]:
+def trace(seed: int = 12, count: int = 260) -> list[Planned]:
     rng = random.Random(seed)
     planned = []
     at_s = 0.0
@@ -163,7 +163,7 @@ def trace(seed: int = 11, count: int = 260) -> list[Planned]:
                 ),
                 stream=stream,
                 fails_first=rng.random() < 0.05,
-                leaves_after_s=round(rng.uniform(0.02, 0.5), 3) if rng.random() < 0.15 else None,
+                leaves_after_s=round(rng.uniform(0.02, 0.5), 3) if rng.random() < 0.3 else None,
             )
         )
     return planned

@@ -53,6 +53,7 @@ OVERLAYS = {
     "hpa": {"HorizontalPodAutoscaler", "PrometheusRule", "ServiceMonitor"},
     "kvgate-loop": {"Role", "RoleBinding", "ServiceAccount", "PrometheusRule", "ServiceMonitor"},
     "sidecar": {"PodMonitor", "PrometheusRule"},
+    "pd": {"Deployment", "Service", "ConfigMap"},
 }
 CENTRAL = ("keda", "hpa", "kvgate-loop")
 
@@ -463,9 +464,37 @@ def test_central_gateways_publish_desired_replicas() -> None:
 
 
 def test_the_default_layout_is_one_mixed_pool() -> None:
-    """The gateway does not orchestrate prefill/decode: a prefill pool would get every request."""
+    """Disaggregation is the pd overlay's choice, never the default's."""
     (config,) = gateway_configs(render("base"))
     assert [p.role for p in config.pools] == ["mixed"]
+
+
+def test_the_pd_overlay_pairs_two_pools_whose_vllm_runs_the_nixl_connector() -> None:
+    """Each pool's DNS name is the headless Service of a Deployment whose vLLM has the KV connector
+    and advertises its side channel on a port the Service and the pod both name."""
+    docs = render("overlays/pd")
+    (config,) = gateway_configs(docs)
+    assert {p.role: p.name for p in config.pools} == {"prefill": "prefill", "decode": "decode"}
+    assert config.disaggregated(config.models[0].name)
+    services, deployments = named(docs, "Service"), named(docs, "Deployment")
+    assert "vllm" not in deployments and "vllm" not in services
+    for pool in config.pools:
+        assert pool.dns is not None
+        service = services[pool.dns.name.split(".")[0]]
+        (deployment,) = [
+            d
+            for d in deployments.values()
+            if _selects(service["spec"]["selector"], d["spec"]["template"]["metadata"]["labels"])
+        ]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        args = container["args"]
+        transfer = json.loads(args[args.index("--kv-transfer-config") + 1])
+        assert transfer == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+        env = {e["name"]: e for e in container["env"]}
+        assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+        side_port = int(env["VLLM_NIXL_SIDE_CHANNEL_PORT"]["value"])
+        assert side_port in {p["containerPort"] for p in container["ports"]}
+        assert side_port in {p["port"] for p in service["spec"]["ports"]}
 
 
 def test_kvgate_loop_gateways_coordinate_through_the_redis_it_deploys() -> None:

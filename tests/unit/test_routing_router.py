@@ -153,3 +153,37 @@ def test_a_holder_missing_from_the_snapshot_is_skipped_and_reordered_fleets_stil
     decision = r.choose(request(2), list(reversed(fleet)), 0.0)
     assert decision.replica_id in holders
     assert decision.reason == "prefix_affinity"
+
+
+LONG_PROMPT = list(range(512))
+"""Longer than ``prefix_home_key_tokens`` (256): a prefix worth waiting for."""
+
+
+def test_a_queued_request_waits_for_the_full_replica_holding_its_prefix_within_its_hold() -> None:
+    r = router(prefix_hold_s=1.0)
+    full = ReplicaLoad(resident_sequences=64, reserved_kv_tokens=10_000)
+    fleet = [view("a"), view("b"), view("c")]
+    holder = r.choose(request(0, LONG_PROMPT), fleet, 0.0).replica_id
+    assert holder is not None
+    crowded = [view(v.replica_id, load=full) if v.replica_id == holder else v for v in fleet]
+    held = r.choose(request(1, LONG_PROMPT), crowded, 5.0, hold_until_s=5.5)
+    assert (held.replica_id, held.reason) == (None, "prefix_holder_full")
+    # A holder the caller left out (admission found no room there) counts as full too.
+    others = [v for v in fleet if v.replica_id != holder]
+    assert r.choose(request(2, LONG_PROMPT), others, 5.0, hold_until_s=6.0).reason == "prefix_holder_full"
+    # Once the hold is over it goes where there is room, as without one.
+    late = r.choose(request(1, LONG_PROMPT), crowded, 5.5, hold_until_s=5.5)
+    assert late.replica_id not in (None, holder)
+
+
+def test_no_hold_while_a_holder_has_room_or_for_a_short_prefix_or_an_unhealthy_holder() -> None:
+    r = router(prefix_hold_s=1.0)
+    fleet = [view("a"), view("b"), view("c")]
+    holder = r.choose(request(0, LONG_PROMPT), fleet, 0.0).replica_id
+    assert r.choose(request(1, LONG_PROMPT), fleet, 5.0, hold_until_s=6.0).replica_id == holder
+    sick = [view(v.replica_id, healthy=False) if v.replica_id == holder else v for v in fleet]
+    assert r.choose(request(2, LONG_PROMPT), sick, 5.0, hold_until_s=6.0).replica_id not in (None, holder)
+    short_holder = r.choose(request(0), fleet, 0.0).replica_id
+    full = ReplicaLoad(resident_sequences=64, reserved_kv_tokens=10_000)
+    crowded = [view(v.replica_id, load=full) if v.replica_id == short_holder else v for v in fleet]
+    assert r.choose(request(1), crowded, 5.0, hold_until_s=6.0).replica_id not in (None, short_holder)

@@ -36,6 +36,8 @@ def test_unknown_profile_is_rejected_by_the_parser() -> None:
         ["sim", "--max-num-seqs", "0"],
         ["sim", "--time-scale", "-1"],
         ["sim", "--warmup-s", "-1"],
+        ["sim", "--kv-link-bytes-per-s", "0"],
+        ["sim", "--kv-transfer-timeout-s", "-1"],
     ],
 )
 def test_bad_numbers_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

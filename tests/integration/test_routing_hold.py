@@ -1,0 +1,63 @@
+"""A queued request waits for the replica that caches its prefix, through the real gateway.
+
+Two simulated replicas that each take one sequence at a time: a long answer to a 600-token prompt
+keeps replica A busy, a short one keeps B busy, and a second request sharing A's prompt prefix
+arrives and queues. B frees first. With ``routing.prefix_hold_s`` the queued request waits for A
+and hits A's prefix cache; without it, it goes to B and prefills the whole prompt again. Which
+happened is read from the replicas' own ``vllm:prefix_cache_hits_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from gateway.server import running_gateway
+from loadtest.sim.fleet import SimFleet
+from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from tests.integration.test_routing_prefix import prefix_counters
+
+SHARED = "the replica that holds this prefix should serve it again " * 60
+
+
+async def stream(http: httpx.AsyncClient, prompt: str, max_tokens: int, started: asyncio.Event) -> None:
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    async with http.stream("POST", "/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        async for raw in response.aiter_raw():
+            if raw:
+                started.set()
+
+
+async def hits_on_the_queued_request(prefix_hold_s: float) -> float:
+    async with SimFleet(replicas=2, time_scale=1.0, seed=0, overrides={"warmup_s": 0}) as fleet:
+        config = gateway_config(
+            fleet.urls,
+            pools=[
+                {"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": 450000, "max_sequences": 1}
+            ],
+            routing={"warmup_s": 0, "prefix_hold_s": prefix_hold_s},
+        )
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            long_started, short_started, queued_started = asyncio.Event(), asyncio.Event(), asyncio.Event()
+            long = asyncio.create_task(stream(http, SHARED + "first question", 160, long_started))
+            await long_started.wait()
+            short = asyncio.create_task(stream(http, "a short unrelated question", 30, short_started))
+            await short_started.wait()
+            before, _ = await prefix_counters(http, fleet.urls)
+            queued = asyncio.create_task(stream(http, SHARED + "second question", 4, queued_started))
+            assert await eventually(lambda: gw.state.queued == 1)
+            await asyncio.gather(long, short, queued)
+            after, _ = await prefix_counters(http, fleet.urls)
+            await assert_idle(gw)
+    return after - before
+
+
+@pytest.mark.parametrize(("prefix_hold_s", "hits_prefix"), [(5.0, True), (0.0, False)])
+async def test_a_queued_request_waits_for_the_replica_caching_its_prefix(
+    prefix_hold_s: float, hits_prefix: bool
+) -> None:
+    hits = await hits_on_the_queued_request(prefix_hold_s)
+    assert (hits >= 512) is hits_prefix, hits
