@@ -77,6 +77,11 @@ class AdmissionController:
     def promise_counts(self) -> PromiseCounts:
         return self._promises.counts
 
+    @property
+    def promises(self) -> PromiseBook:
+        """The promise book, which the edge shares with the other gateways (``PromiseBook.learn``)."""
+        return self._promises
+
     def admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
         """Admit, queue or refuse ``request`` over ``fleet``; a promise it came back to claim is
         counted kept or broken by the answer."""
@@ -288,6 +293,13 @@ class AdmissionController:
         """Queued work, and the promised slots still open at ``now_s`` (``promised_requests``)."""
         self._promises.expire(now_s)
         return dataclasses.replace(self._queue.stats(now_s), promised_requests=len(self._promises))
+
+    def unmet(self, now_s: float) -> tuple[int, int]:
+        """Demand the fleet did not take: KV tokens and requests queued or refused with a promise
+        still open (``admission.claims`` sizes a gateway's claims on it)."""
+        self._promises.expire(now_s)
+        queued = self._queue.stats(now_s)
+        return queued.kv_tokens + self._promises.kv_tokens, queued.requests + len(self._promises)
 
     def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> None:
         """Book the refused request a slot at its Retry-After when the queue's bounds leave room."""

@@ -2,7 +2,7 @@
 
 Gateways in front of one fleet see each other's reservations through Redis (``gateway.coordination``).
 A gateway *sees the others* while its latest sync reached Redis and its last good sync is at most
-one lease old: that is exactly while the foreign loads it decides on are the ones the lease promises.
+one lease old: that is exactly while the claims it decides within are still its own (``admission.claims``).
 When it does not, ``fail_mode`` says what happens to new requests: ``open`` admits them on the
 gateway's own ledger alone (the others' reservations are invisible, so the fleet may be
 over-committed by them), ``closed`` refuses them with a 503 whose Retry-After is the next sync.
@@ -34,6 +34,10 @@ class CoordinationStatus:
     """Seconds since the last good sync; None before the first."""
     refusing: bool
     """True while new requests are refused for it (``fail_mode: closed`` and not up)."""
+    gateways: int = 1
+    """Live gateways in the namespace, this one included, as the last sync saw them."""
+    claims: tuple[tuple[str, int, int], ...] = ()
+    """(replica id, KV tokens, sequence slots) this gateway holds a claim on (``admission.claims``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,12 @@ of its time) the decision sets its KV aside on the simulated fleet before placin
 same or a lower class, so the room is still there when the client comes back. A promise only orders:
 admission still needs ``capacity.fits``, so it can never over-commit KV. Unclaimed promises are
 released ``grace_s`` after their time; promises count against the queue's request and token bounds.
+Several gateways behind one Service honour each other's promises (``gateway.coordination`` carries
+them through Redis): a promise another gateway booked is *learnt* here by its key and slot time, so
+the client coming back to this gateway claims it as it would have there (early, it is told to wait
+for its slot; on time, it goes ahead of its class); the gateway that booked it then hears it was
+kept elsewhere and removes it. A learnt promise orders only: this gateway sets no room aside for it
+(the one that booked it does until it hears), so the fleet's room is never set aside twice.
 A wait beyond the Retry-After cap is no promise: the client is told not to retry (``x-should-retry:
 false``), so no slot is held for it. Why this and not a longer queue limit: that only moves the race
 (64-79 % first-retry success at 10 s, against 100 % with promises at 2 s in
@@ -31,6 +37,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import hashlib
+import heapq
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -43,6 +50,8 @@ IDEMPOTENCY_KEY_HEADER = "idempotency-key"
 
 PromiseKey = tuple[str, bytes]
 """(tenant name, the request's own key or the fingerprint of its body): ``promise_key``."""
+LEARNT_ID = 0
+"""``promise_id`` of a promise another gateway booked (own promises count from 1)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +97,15 @@ class PromiseBook:
         """(rank, model) -> [requests, kv, prompt, max output] promised."""
         self._next_id = 1
         self.kv_tokens = 0
+        self._learnt: dict[PromiseKey, float] = {}
+        """Other gateways' promises: key -> slot time (this gateway's clock)."""
+        self._learnt_order: list[tuple[float, PromiseKey]] = []
+        self.shared = False
+        """Set by the edge when other gateways hear of this book's promises (``take_news``)."""
+        self.booked: list[Promise] = []
+        """Promises booked here since the edge last took them (``take_news``), to tell the others."""
+        self.kept_here: list[PromiseKey] = []
+        """Learnt promises claimed here since the edge last took them, to tell whoever booked them."""
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -101,6 +119,8 @@ class PromiseBook:
         self.kv_tokens += promise.kv_tokens
         self._add_sums(promise, +1)
         self.counts.made += 1
+        if self.shared:
+            self.booked.append(promise)
         return promise
 
     def offer(self, request: AdmissionRequest, expected_s: float, now_s: float, cap_s: float) -> None:
@@ -116,10 +136,27 @@ class PromiseBook:
         """The promise ``request`` comes back to claim: booked under its key, and the request is a
         retry (its own key says so; without one, a first attempt never claims, even with the same
         body)."""
-        if not self._by_id or (request.request_key is None and not request.retry_count):
+        if not (self._by_id or self._learnt) or (request.request_key is None and not request.retry_count):
             return None
         key = promise_key(request)
-        return None if key is None else self.find(key)
+        if key is None:
+            return None
+        own = self.find(key)
+        if own is not None or key not in self._learnt:
+            return own
+        return Promise(LEARNT_ID, key, request, self._learnt[key])
+
+    def learn(self, key: PromiseKey, due_s: float) -> None:
+        """Another gateway booked a promise under ``key`` for a slot at ``due_s``."""
+        heapq.heappush(self._learnt_order, (due_s, key))
+        self._learnt[key] = due_s
+
+    def take_news(self) -> tuple[list[Promise], list[PromiseKey]]:
+        """What the other gateways have not heard yet: promises booked here, learnt ones kept here."""
+        booked = [p for p in self.booked if p.promise_id in self._by_id]  # not yet claimed or lapsed
+        kept = self.kept_here
+        self.booked, self.kept_here = [], []
+        return booked, kept
 
     def find(self, key: PromiseKey) -> Promise | None:
         """The earliest promise booked under ``key``."""
@@ -129,6 +166,10 @@ class PromiseBook:
         return min((self._by_id[i] for i in ids), key=lambda p: (p.due_s, p.promise_id))
 
     def remove(self, promise: Promise) -> None:
+        if promise.promise_id == LEARNT_ID:
+            if self._learnt.pop(promise.key, None) is not None:
+                self.kept_here.append(promise.key)
+            return
         if self._by_id.pop(promise.promise_id, None) is None:
             return
         ids = self._by_key[promise.key]
@@ -142,6 +183,11 @@ class PromiseBook:
 
     def expire(self, now_s: float) -> int:
         """Release promises whose claim window closed before ``now_s``; how many."""
+        learnt = self._learnt_order
+        while learnt and learnt[0][0] + self.grace_s < now_s:
+            due_s, key = heapq.heappop(learnt)
+            if self._learnt.get(key) == due_s:
+                del self._learnt[key]
         released = 0
         while self._order and self._order[0][0] + self.grace_s < now_s:
             self.remove(self._by_id[self._order[0][1]])

@@ -6,6 +6,10 @@ from injected time; a bucket holds at most one minute of budget, and a request l
 whole bucket passes only when the bucket is full (the tenant then owes the difference), so no
 request is refused forever by its own size. Unknown keys fall to the anonymous tenant when auth is
 off and to ``None`` (the edge answers 401) when it is on.
+
+Behind one Service, N gateways each keep a bucket of 1/N of every budget (``share``), as a
+distributed rate limiter's local buckets do: the Service spreads a tenant's requests over the
+gateways, so together they hold it to its budget, not to N times it, without a round trip per request.
 """
 
 from __future__ import annotations
@@ -32,10 +36,19 @@ class TokenBucket:
     def __init__(self, tokens_per_min: int, now_s: float) -> None:
         if tokens_per_min <= 0:
             raise ValueError(f"tokens_per_min must be > 0, got {tokens_per_min}")
+        self.tokens_per_min = tokens_per_min
         self.capacity_tokens = float(tokens_per_min)
         self.rate_tokens_per_s = tokens_per_min / 60.0
         self.level_tokens = self.capacity_tokens
         self._at_s = now_s
+
+    def rescale(self, fraction: float, now_s: float) -> None:
+        """Hold ``fraction`` of the budget from now on (what was gained so far at the old rate stays,
+        up to the new capacity)."""
+        self._refill(now_s)
+        self.capacity_tokens = self.tokens_per_min * fraction
+        self.rate_tokens_per_s = self.capacity_tokens / 60.0
+        self.level_tokens = min(self.level_tokens, self.capacity_tokens)
 
     def _refill(self, now_s: float) -> None:
         if now_s > self._at_s:
@@ -78,6 +91,17 @@ class TenantDirectory:
             for key in tenant_config.api_keys:
                 self._by_key[key.get_secret_value()] = tenant
         self._buckets: dict[str, TokenBucket] = {}
+        self._fraction = 1.0
+        """This gateway's share of every budget: 1/N of N gateways (``share``)."""
+
+    def share(self, gateways: int, now_s: float) -> None:
+        """This gateway is one of ``gateways`` behind one Service: hold 1/``gateways`` of each budget."""
+        fraction = 1.0 / max(1, gateways)
+        if fraction == self._fraction:
+            return
+        self._fraction = fraction
+        for bucket in self._buckets.values():
+            bucket.rescale(fraction, now_s)
 
     def identify(self, api_key: str | None) -> Tenant | None:
         """The key's tenant; the anonymous tenant when auth is off; None (401) when it is on."""
@@ -106,4 +130,6 @@ class TenantDirectory:
         bucket = self._buckets.get(tenant.name)
         if bucket is None:
             bucket = self._buckets[tenant.name] = TokenBucket(tenant.tokens_per_min, now_s)
+            if self._fraction != 1.0:
+                bucket.rescale(self._fraction, now_s)
         return bucket

@@ -283,10 +283,19 @@ class Coordination(Section):
     lease_s: float = Field(
         default=5.0,
         gt=0,
-        description="Seconds a gateway's published load counts after its last sync. Default 5. Example: 10",
+        description=(
+            "Seconds a gateway's claims on the replicas last after its last sync: a gateway killed "
+            "gives its share back within this, and one that cannot reach Redis for this long is "
+            "blind (fail_mode). Default 5. Example: 10"
+        ),
     )
     interval_s: float = Field(
-        default=0.5, gt=0, description="Seconds between syncs with Redis. Default 0.5. Example: 1"
+        default=0.5,
+        gt=0,
+        description=(
+            "Seconds between syncs with Redis, each one resizing the gateway's claims on its demand; "
+            "demand the claims cannot meet also syncs at once. Default 0.5. Example: 1"
+        ),
     )
     namespace: str = Field(
         default="kvgate",
@@ -299,7 +308,7 @@ class Coordination(Section):
     fail_mode: Literal["open", "closed"] = Field(
         default="open",
         description=(
-            "What the gateway does while it cannot see the other gateways' loads (Redis unreachable, "
+            "What the gateway does while it cannot see the other gateways' claims (Redis unreachable, "
             "or its last good sync older than lease_s): open keeps admitting on its own ledger alone, "
             "closed refuses new requests with 503 (reason coordination_unavailable) and /readyz "
             "answers 503. Either way it logs the errors and exports kvgate_coordination_up 0. "

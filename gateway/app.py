@@ -24,13 +24,14 @@ from typing import TYPE_CHECKING
 import aiohttp
 import orjson
 
+from admission.claims import ReplicaDemand
 from admission.coordination import FailMode
 from admission.decision import RefusalReason
 from config.schema import GatewayConfig
 from gateway.access_log import AccessLog
 from gateway.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from gateway.autoscale_loop import GatewayRecommender
-from gateway.coordination import RedisCoordinator
+from gateway.coordination import RedisCoordinator, fleet_demands
 from gateway.decision_path import DecisionPath
 from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError, MethodNotAllowed
@@ -51,7 +52,6 @@ from gateway.scrape import Scraper
 from gateway.state import GatewayState
 from gateway.upstream import create_session
 from gateway.work import FleetWork
-from vocabulary.replica import ReplicaLoad
 
 if TYPE_CHECKING:
     from gateway.tracing import Tracing
@@ -86,17 +86,21 @@ class Gateway:
         if coordination is not None:
             self.coordinator = RedisCoordinator(
                 coordination.redis_url.get_secret_value(),
-                self._local_loads,
+                self._demands,
                 interval_s=coordination.interval_s,
                 lease_s=coordination.lease_s,
                 namespace=coordination.namespace,
                 fail_mode=FailMode(coordination.fail_mode),
                 metrics=self.metrics,
                 clock=clock,
+                promises=self.path.dispatcher.controller.promises,
+                tenants=self.path.dispatcher.controller.tenants,
             )
             self.metrics.bind_coordination(self.coordinator.status)
             if self.coordinator.gate.may_refuse:
                 self.path.dispatcher.coordination_refusal = self.coordinator.refusal
+            self.path.dispatcher.on_unmet = self.coordinator.top_up
+            self.path.dispatcher.top_up = self.coordinator.top_up_now
         self.admin = build_admin_app(
             self.state,
             self.metrics.render,
@@ -123,8 +127,9 @@ class Gateway:
         assert self._session is not None, "gateway not started"
         return self._session
 
-    def _local_loads(self) -> dict[str, ReplicaLoad]:
-        return {replica_id: self.state.ledger.load(replica_id) for replica_id in self.state.replicas}
+    def _demands(self) -> dict[str, ReplicaDemand]:
+        guard = self.config.admission.max_active_sequences_per_replica
+        return fleet_demands(self.state, self.path.dispatcher.controller, guard, self._clock())
 
     def _unready_reason(self) -> str | None:
         """Why this gateway cannot serve, or None. The fleet's health is not a reason: with every
@@ -191,6 +196,7 @@ class Gateway:
         if self.coordinator is not None:
             await self.coordinator.start()
             self.path.fleet.foreign_loads = self.coordinator.foreign_loads
+            self.path.fleet.others_used = self.coordinator.others_used
 
     async def stop(self) -> None:
         for task in self._tasks:

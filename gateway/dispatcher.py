@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from admission import refusals
 from admission.controller import AdmissionController
-from admission.decision import Admit, Dispatch, Queue, Refusal
+from admission.decision import Admit, Dispatch, Queue, Refusal, RefusalReason
 from admission.disaggregation import prefill_cost
 from admission.pump import AdmissionPump, Placement
 from config.schema import GatewayConfig
@@ -50,6 +50,21 @@ def _never_refused(now_s: float) -> Refusal | None:
     return None
 
 
+def _nothing(kv_tokens: int, sequences: int) -> None:
+    return None
+
+
+def _unforeseeable(refusal: Refusal) -> bool:
+    """A refusal for capacity with no honest wait: nothing admitted through this gateway frees room
+    for the request within the Retry-After cap."""
+    return (
+        refusal.status == 429
+        and refusal.reason is not RefusalReason.TENANT_BUDGET
+        and refusal.retry_after is not None
+        and not refusal.retry_after.honest
+    )
+
+
 class Dispatcher:
     def __init__(
         self,
@@ -73,6 +88,12 @@ class Dispatcher:
         self.leases = Leases(state, metrics, fleet.pool_of, clock())
         self.coordination_refusal: Callable[[float], Refusal | None] = _never_refused
         """Asked before admission and before the pump dispatches (``RedisCoordinator.refusal``)."""
+        self.top_up: Callable[[int, int], Awaitable[bool]] | None = None
+        """With coordination: grow this gateway's claims now, if the fleet has the room, and say
+        whether they grew (``RedisCoordinator.top_up_now``)."""
+        self.on_unmet: Callable[[int, int], None] = _nothing
+        """Called when a request is queued (with 0, 0) or refused for capacity (with its KV tokens and
+        sequences): demand the fleet did not take (``RedisCoordinator.top_up``)."""
         self._disaggregated = {m.name for m in config.models if config.disaggregated(m.name)}
         """Models with a prefill+decode pair: their decode room is asked before the prefill hop."""
         self._split = {
@@ -107,8 +128,28 @@ class Dispatcher:
                     self._metrics.count_decision("reject", room.reason.value, pool=pool, model=model)
                     return room
         decision = self.controller.admit(request.admission, snapshot)
+        topped_up = False
+        if (
+            isinstance(decision, Refusal)
+            and self.top_up is not None
+            and model not in self._disaggregated
+            and _unforeseeable(decision)
+        ):
+            # Nothing this gateway holds frees room for it (its claims are too small), yet the
+            # fleet may have the room: ask Redis for it now rather than tell the client not to retry.
+            cost = request.admission.cost
+            topped_up = True
+            if await self.top_up(cost.kv_tokens, cost.sequences):
+                now_s = self._clock()
+                decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
         if isinstance(decision, Refusal):
             self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=model)
+            if (
+                not topped_up
+                and decision.status == 429
+                and decision.reason is not RefusalReason.TENANT_BUDGET
+            ):
+                self.on_unmet(request.admission.cost.kv_tokens, request.admission.cost.sequences)
             return decision
         if isinstance(decision, Admit):
             route = self._place(request, decision.candidates, now_s)
@@ -120,6 +161,7 @@ class Dispatcher:
             message = f"No replica serving '{model}' can take the request now."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
         self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=model)
+        self.on_unmet(0, 0)
         return await self._wait(request, decision, now_s)
 
     def _phase(self, request: ProxyRequest, snapshot: FleetSnapshot) -> FleetSnapshot:

@@ -1,8 +1,8 @@
 """The live fleet as the decisions see it: one ``FleetSnapshot`` per decision, and replica health.
 
 ``Fleet.snapshot`` assembles each replica's ``ReplicaView`` from the gateway state (pool, role,
-capacity, last scrape, TTFT), the reservations ledger (plus other gateways' loads, when
-coordinated) and the ``HealthTracker``. A replica's view is rebuilt only when something in it
+capacity, last scrape, TTFT), the reservations ledger (plus, when coordinated, what lies outside this
+gateway's claims) and the ``HealthTracker``. A replica's view is rebuilt only when something in it
 changed since the last snapshot; otherwise the view built then is handed out again (views are
 frozen, so sharing is safe). A replica whose KV capacity is not known yet (``0``: none configured,
 none scraped) is not healthy in its view: admission has nothing to weigh it against.
@@ -61,8 +61,15 @@ class Fleet:
         )
         self._views: dict[str, tuple[ReplicaState, ReplicaHealth, ReplicaView]] = {}
         """Per replica id: the view last built, with the state and health it was built from."""
+        self._summed: dict[str, tuple[ReplicaLoad, ReplicaLoad, ReplicaLoad]] = {}
+        """Per replica id: (own load, foreign load, their sum) last added, so that while neither
+        changes the sum is the same object and the view is reused."""
         self.foreign_loads: Callable[[], Mapping[str, ReplicaLoad]] = dict
-        """Other gateways' reservations per replica (``RedisCoordinator``), added to the ledger's."""
+        """What lies outside this gateway's claims per replica (``RedisCoordinator``), added to the
+        ledger's as load, so a request fits only within the claim."""
+        self.others_used: Callable[[], Mapping[str, int]] = dict
+        """KV tokens other gateways' reservations hold per replica (``RedisCoordinator``): with the
+        ledger's, the fleet's occupancy estimate (``gateway.work``)."""
         self.on_recovered: Callable[[], None] = _nothing
         """Called when a replica becomes healthy: queued work may fit now."""
         self._pool_of_model = {
@@ -96,12 +103,18 @@ class Fleet:
             load = loads.get(replica_id, NO_LOAD)
             other = foreign.get(replica_id) if foreign else None
             if other is not None:
-                load = ReplicaLoad(
-                    load.pending_prompt_tokens + other.pending_prompt_tokens,
-                    load.resident_sequences + other.resident_sequences,
-                    load.remaining_decode_tokens + other.remaining_decode_tokens,
-                    load.reserved_kv_tokens + other.reserved_kv_tokens,
-                )
+                summed = self._summed.get(replica_id)
+                if summed is not None and summed[0] is load and summed[1] is other:
+                    load = summed[2]
+                else:
+                    own = load
+                    load = ReplicaLoad(
+                        own.pending_prompt_tokens + other.pending_prompt_tokens,
+                        own.resident_sequences + other.resident_sequences,
+                        own.remaining_decode_tokens + other.remaining_decode_tokens,
+                        own.reserved_kv_tokens + other.reserved_kv_tokens,
+                    )
+                    self._summed[replica_id] = (own, other, load)
             health = states.get(replica_id, STARTING)
             capacity = r.kv_capacity_tokens
             cached = cache.get(replica_id)
@@ -180,6 +193,7 @@ class Fleet:
 
     def forget(self, replica_id: str) -> None:
         self._views.pop(replica_id, None)
+        self._summed.pop(replica_id, None)
         self._metrics.forget_replica(replica_id)
         self._router.forget(replica_id)
         self.health.remove(replica_id)

@@ -43,6 +43,9 @@ COORDINATION_SERIES = (
     "kvgate_coordination_up",
     "kvgate_coordination_last_sync_age_seconds",
     "kvgate_coordination_errors_total",
+    "kvgate_coordination_gateways",
+    "kvgate_coordination_claim_kv_tokens",
+    "kvgate_coordination_claim_sequences",
 )
 """Exported only when Redis coordination is configured (``bind_coordination``)."""
 PROMISE_OUTCOMES = ("made", "kept", "broken", "lapsed")
@@ -177,7 +180,7 @@ class CoordinationGauges(Collector):
         status = self._status()
         up = GaugeMetricFamily(
             "kvgate_coordination_up",
-            "1 while the gateway sees the other gateways' loads through Redis (last sync good and "
+            "1 while the gateway sees the other gateways' claims through Redis (last sync good and "
             "within the lease), 0 otherwise.",
             value=1.0 if status.up else 0.0,
         )
@@ -187,7 +190,25 @@ class CoordinationGauges(Collector):
         )
         if status.last_sync_age_s is not None:
             age.add_metric([], status.last_sync_age_s)
-        return [up, age]
+        gateways = GaugeMetricFamily(
+            "kvgate_coordination_gateways",
+            "Live gateways sharing the fleet, this one included, as its last sync saw them.",
+            value=float(status.gateways),
+        )
+        kv = GaugeMetricFamily(
+            "kvgate_coordination_claim_kv_tokens",
+            "KV tokens of a replica this gateway may admit into: its claim, granted through Redis.",
+            labels=["replica"],
+        )
+        sequences = GaugeMetricFamily(
+            "kvgate_coordination_claim_sequences",
+            "Sequence slots of a replica this gateway may admit into: its claim, granted through Redis.",
+            labels=["replica"],
+        )
+        for replica, kv_tokens, slots in status.claims:
+            kv.add_metric([replica], float(kv_tokens))
+            sequences.add_metric([replica], float(slots))
+        return [up, age, gateways, kv, sequences]
 
 
 class PromiseCounters(Collector):

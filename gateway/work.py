@@ -3,7 +3,8 @@
 ``FleetWork.pool_work`` is the ``PoolWorkSource`` that ``GatewayMetrics`` reads on every scrape of
 ``/metrics`` and ``/signals``: queued prompt tokens from the admission queue, pending prompt tokens
 and resident sequences from the reservations ledger (each reservation counted in its replica's
-pool), the KV occupancy estimate (reserved over capacity) beside the replica's scraped value, and
+pool), the KV occupancy estimate (reserved over capacity; with coordination, every gateway's
+reservations, never their claims) beside the replica's scraped value, and
 whether each replica is ready or still inside its warm-up window. Every model a pool serves has a
 row, so an idle pool reports zeros rather than nothing. It reads; it never changes state.
 """
@@ -53,6 +54,7 @@ class FleetWork:
                 row[1] += request.admission.cost.prompt_tokens
         replicas: dict[str, list[ReplicaWork]] = {p: [] for p in state.pools}
         views = {v.replica_id: v for v in self._fleet.views(now_s)}
+        others_used = self._fleet.others_used()
         for replica in state.replicas.values():
             held = state.ledger.resident(replica.replica_id)
             for reservation in held:
@@ -62,6 +64,8 @@ class FleetWork:
                 row[4] += max(0, reservation.remaining_decode_tokens)
             view = views[replica.replica_id]
             capacity = replica.kv_capacity_tokens
+            reserved = state.ledger.load(replica.replica_id).reserved_kv_tokens
+            reserved += others_used.get(replica.replica_id, 0)
             scraped = replica.scraped
             fresh = scraped is not None and now_s - scraped.scraped_at_s <= self._scrape_stale_s
             ready = view.healthy and view.ready_since_s is not None and view.ready_since_s <= now_s
@@ -69,7 +73,7 @@ class FleetWork:
                 ReplicaWork(
                     replica=replica.replica_id,
                     kv_capacity_tokens=capacity,
-                    kv_occupancy_estimate_ratio=view.load.reserved_kv_tokens / capacity if capacity else 0.0,
+                    kv_occupancy_estimate_ratio=reserved / capacity if capacity else 0.0,
                     kv_occupancy_scraped_ratio=scraped.kv_cache_usage_ratio if fresh and scraped else None,
                     ready=ready,
                     warming=ready

@@ -1,38 +1,68 @@
-"""Two gateways sharing reservations through a real Redis server."""
+"""Gateways claiming one replica through a real Redis server: the claims never sum past its
+capacity, a busy gateway gets its fair share from an idle one, and a dead gateway's claim lapses."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
 
+from admission.claims import ReplicaDemand, Share
 from gateway.coordination import RedisCoordinator
 from vocabulary.replica import ReplicaLoad
 
+CAPACITY = Share(1000, 10)
 
-async def test_each_gateway_sees_the_others_load_and_a_dead_ones_expires(redis_url: str) -> None:
+
+def coordinator(redis_url: str, namespace: str, demand: dict[str, ReplicaDemand]) -> RedisCoordinator:
+    return RedisCoordinator(redis_url, lambda: demand, interval_s=0.05, lease_s=0.4, namespace=namespace)
+
+
+def claimed(c: RedisCoordinator) -> Share:
+    return c.book.claimed().get("r0", Share())
+
+
+async def test_claims_share_a_replica_fairly_and_a_dead_gateways_claim_lapses(redis_url: str) -> None:
     namespace = f"kvgate-test-{uuid.uuid4().hex[:8]}"
-    load_a = {"r0": ReplicaLoad(100, 1, 50, 150)}
-    load_b = {"r0": ReplicaLoad(10, 2, 20, 30), "r1": ReplicaLoad(0, 1, 5, 5)}
-    a = RedisCoordinator(redis_url, lambda: load_a, interval_s=0.05, lease_s=0.4, namespace=namespace)
-    b = RedisCoordinator(redis_url, lambda: load_b, interval_s=0.05, lease_s=0.4, namespace=namespace)
+    demand_a = {"r0": ReplicaDemand(CAPACITY, Share())}
+    demand_b = {"r0": ReplicaDemand(CAPACITY, Share())}
+    a = coordinator(redis_url, namespace, demand_a)
+    b = coordinator(redis_url, namespace, demand_b)
     await a.start()
+    assert claimed(a) == CAPACITY, "alone, a gateway claims the whole replica"
     await b.start()
     try:
-        await a.sync_once()
         assert a.connected and b.connected
-        assert a.foreign_loads() == load_b
-        assert b.foreign_loads() == load_a
-
-        load_a["r0"] = ReplicaLoad()
-        await a.sync_once()
+        assert claimed(b) == Share(), "the first one holds it all until it hears of the second"
+        await a.sync_once()  # a hears of b ...
+        await a.sync_once()  # ... and gives back what b may want
         await b.sync_once()
-        assert b.foreign_loads()["r0"] == ReplicaLoad()
+        assert claimed(a) == claimed(b) == Share(500, 5)
+        assert a.foreign_loads()["r0"] == ReplicaLoad(0, 5, 0, 500)
+        assert b.foreign_loads()["unknown"].reserved_kv_tokens > CAPACITY.kv_tokens
+
+        # Each sizes its claim on what the others wanted at its previous sync: two rounds settle it.
+        demand_a["r0"] = ReplicaDemand(CAPACITY, Share(400, 4), Share(600, 6))
+        for _ in range(2):
+            await a.sync_once()
+            await b.sync_once()
+        await a.sync_once()
+        assert claimed(b) == Share(), "an idle gateway gives way to a busy one"
+        assert b.others_used() == {"r0": 400}, "what a uses, not what it claims, is its occupancy"
+        assert claimed(a) == CAPACITY
+
+        demand_b["r0"] = ReplicaDemand(CAPACITY, Share(), Share(1000, 10))
+        for _ in range(2):
+            await b.sync_once()
+            await a.sync_once()
+        await b.sync_once()
+        assert claimed(a) == claimed(b) == Share(500, 5), "two busy gateways split it evenly"
 
         assert a._task is not None
-        a._task.cancel()  # a crashes: it stops renewing its lease without deleting its key
-        await asyncio.sleep(0.6)
+        a._task.cancel()  # a crashes: it stops renewing its claim without giving it back
+        await asyncio.sleep(0.5)
         await b.sync_once()
-        assert b.foreign_loads() == {}
+        await b.sync_once()
+        assert claimed(b) == CAPACITY
     finally:
         await b.stop()
         await a.stop()

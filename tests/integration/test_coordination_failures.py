@@ -20,12 +20,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.coordination import gateway_key, registry_key
+from admission.claims import Share
+from gateway.coordination import claims_key
 from gateway.server import RunningGateway, running_gateway
+from gateway.state import GatewayState
 from loadtest.ports import free_ports
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
@@ -139,50 +140,51 @@ async def test_garbage_under_the_namespace_is_skipped_counted_and_the_rest_still
 ) -> None:
     namespace = f"kvgate-test-{uuid.uuid4().hex[:8]}"
     client = aioredis.from_url(redis_url)
-    async with SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet:
-        replica = fleet.urls[0]
+    far = 1 << 50
+    async with SimFleet(replicas=2, time_scale=0.0, seed=0) as fleet:
+        config = config_for(fleet, redis_url, namespace, "closed")
+        replicas = sorted(parse_config_ids(config))
+        garbage, wrong_type = claims_key(namespace, replicas[0]), claims_key(namespace, replicas[1])
         broken = {
-            b"r-not-json": b"not json",
-            b"r-wrong-shape": b"[1, 2, 3]",
-            b"r-not-a-list": b'{"a": 1}',
-            b"r-negative": b"[-1, 0, 0, 0]",
-            b"r-huge": b"[1, 0, 0, 1000000000000000000000]",
-            b"r-too-big": b"[1, 0, 0, 4611686018427387904]",
-            b"r-bool": b"[true, 0, 0, 0]",
-            b"\xff\xfe-not-utf8": b"[1, 1, 1, 1]",
-            replica.encode(): b"[10, 1, 20, 30]",
+            b"not-numbers": b"not a claim",
+            b"too-few": b"1 2 3",
+            b"negative": f"-1 0 0 0 0 0 450000 128 {far}".encode(),
+            b"huge": f"{1 << 41} 0 0 0 0 0 450000 128 {far}".encode(),
+            b"fraction": f"1.5 0 0 0 0 0 450000 128 {far}".encode(),
+            b"\xff\xfe-not-utf8": b"",
         }
-        good = {replica.encode(): b"[1, 2, 3, 4]"}
-        oversized = {f"r{i}".encode(): b"[0, 0, 0, 0]" for i in range(5000)}
-        keys = {"broken": broken, "good": good, "oversized": oversized}
-        for name, mapping in keys.items():
-            await client.hset(gateway_key(namespace, name), mapping=mapping)  # type: ignore[arg-type]
-        await client.set(gateway_key(namespace, "not-a-hash"), b"garbage")
-        members: dict[str | bytes, float] = {name: 1.0 for name in [*keys, "not-a-hash"]}
-        await client.zadd(registry_key(namespace), {**members, b"\xff\xfe": 1.0})
+        good = {b"good": f"300 2 300 2 0 0 450000 128 {far}".encode()}
+        await client.hset(garbage, mapping={**broken, **good})  # type: ignore[arg-type]
+        await client.set(wrong_type, b"garbage")
         try:
             async with (
-                running_gateway(config_for(fleet, redis_url, namespace, "closed")) as gw,
+                running_gateway(config) as gw,
                 httpx.AsyncClient(timeout=30) as http,
             ):
                 coordinator = gw.gateway.coordinator
                 assert coordinator is not None and coordinator.connected
-                assert coordinator.foreign_loads() == {replica: ReplicaLoad(11, 3, 23, 34)}
-                published = await client.hgetall(gateway_key(namespace, coordinator.gateway_id))
-                assert orjson.loads(published[replica.encode()]) == [0, 0, 0, 0]
+                assert coordinator.book.claimed() == {replicas[0]: Share(450000 - 300, 128 - 2)}
+                assert set(await client.hkeys(garbage)) == {b"good", coordinator.gateway_id.encode()}
                 text = await scrape(http, gw)
                 assert metric(text, "kvgate_coordination_up") == 1.0
                 bad = metric(text, "kvgate_coordination_errors_total", kind="bad_value")
-                assert bad is not None and bad >= 10, text
+                assert bad is not None and bad >= len(broken) + 1, text
                 assert any("bad value" in line for line in coordination_logs(caplog))
-                answer = await http.post(gw.url + "/v1/completions", json=REQUEST)
-                assert answer.status_code == 200, answer.text
+                for _ in range(4):
+                    answer = await http.post(gw.url + "/v1/completions", json=REQUEST)
+                    assert answer.status_code == 200, answer.text
                 assert (await http.get(gw.url + "/readyz")).status_code == 200
                 await assert_idle(gw)
+                served = sorted(sum(r.engine.stats.request_success.values()) for r in fleet.replicas)
+                assert served == [0, 4], "the replica with no claim takes nothing"
         finally:
-            await client.delete(*(gateway_key(namespace, name) for name in [*keys, "not-a-hash"]))
-            await client.delete(registry_key(namespace))
+            await client.delete(garbage, wrong_type)
             await client.aclose()
+
+
+def parse_config_ids(config: Any) -> list[str]:
+    """The replica ids a gateway on ``config`` gives its replicas."""
+    return list(GatewayState.from_config(config).replicas)
 
 
 @pytest.mark.parametrize("fail_mode", ["open", "closed"])
@@ -235,7 +237,7 @@ async def test_redis_stopped_under_two_gateways_then_restarted(
         ):
             a, b = gw_a.gateway.coordinator, gw_b.gateway.coordinator
             assert a is not None and b is not None
-            assert await eventually(lambda: replica in a.foreign_loads() and replica in b.foreign_loads())
+            assert await eventually(lambda: replica in a.book.held and replica in b.book.held)
             assert metric(await scrape(http, gw_b), "kvgate_coordination_up") == 1.0
 
             await server.stop()
@@ -259,7 +261,7 @@ async def test_redis_stopped_under_two_gateways_then_restarted(
 
             await server.start()
             assert await eventually(lambda: a.connected and b.connected)
-            assert await eventually(lambda: replica in a.foreign_loads() and replica in b.foreign_loads())
+            assert await eventually(lambda: replica in a.book.held and replica in b.book.held)
             assert metric(await scrape(http, gw_b), "kvgate_coordination_up") == 1.0
             recovered = [r.getMessage() for r in caplog.records if r.name == "kvgate.coordination"]
             assert any(line.startswith("coordination up") for line in recovered), recovered

@@ -335,3 +335,63 @@ def test_promises_hold_room_only_within_their_share_of_the_fleet() -> None:
     fleet.now_s = first.retry_after.expected_s - 0.5
     fleet.release(resident[0].request_id)
     assert isinstance(fleet.admit(freq(b"d")), Admit), "its 500 tokens are over 0.4 of 1000"
+
+
+def test_a_promise_booked_by_another_gateway_is_honoured_here_and_dropped_there() -> None:
+    """Gateway a refuses with a promise; its client comes back to gateway b (a Service picks any):
+    early, b tells it the time left to its slot; on time, b gives it the head of its class before a
+    newcomer, and a, hearing it was kept, drops it without counting it lapsed."""
+    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=10.0)
+    a, _ = full_fleet(config)
+    b, b_resident = full_fleet(config)
+    for gateway in (a, b):
+        gateway.controller.promises.shared = True
+    first = refused(a, freq(b"c", max_output=600))
+    assert first.retry_after is not None
+    booked, kept = a.controller.promises.take_news()
+    assert [p.key for p in booked] == [("t", fingerprint(b"c"))] and kept == []
+    assert a.controller.promises.take_news() == ([], [])
+    b.controller.promises.learn(booked[0].key, booked[0].due_s)
+    assert b.controller.queue_stats(b.now_s).promised_requests == 0, "b sets no room aside for it"
+
+    due_s = first.retry_after.expected_s
+    b.now_s = 1.0
+    early = refused(b, freq(b"c", max_output=600, retry=1))
+    assert early.retry_after is not None
+    assert abs(early.retry_after.expected_s - (due_s - 1.0)) < 1e-9
+
+    b.now_s = due_s
+    b.release(b_resident[0].request_id)
+    b.release(b_resident[1].request_id)
+    assert isinstance(b.admit(freq(b"c", max_output=600, retry=2)), Admit)
+    assert b.controller.promise_counts.kept == 1
+    _, kept = b.controller.promises.take_news()
+    assert kept == [booked[0].key]
+    a.controller.promises.remove(booked[0])
+    assert a.controller.queue_stats(due_s).promised_requests == 0
+    assert a.controller.promise_counts.lapsed == 0
+
+
+def test_a_promise_claimed_before_the_others_heard_of_it_is_not_told() -> None:
+    fleet, resident = full_fleet()
+    fleet.controller.promises.shared = True
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
+    assert fleet.controller.promises.take_news() == ([], [])
+
+
+def test_a_learnt_promise_lapses_after_its_window() -> None:
+    book = PromiseBook(grace_s=1.0)
+    book.learn(("t", b"key:k"), 5.0)
+    book.learn(("t", b"key:k"), 8.0)
+    book.expire(6.5)
+    assert book.returning(freq(b"x", retry=1)) is None
+    key_request = dataclasses.replace(freq(b"x", retry=1), request_key="k")
+    claimed = book.returning(key_request)
+    assert claimed is not None and claimed.due_s == 8.0
+    book.expire(9.5)
+    assert book.returning(key_request) is None
+    assert book.counts.lapsed == 0, "another gateway's promise lapses there, not here"

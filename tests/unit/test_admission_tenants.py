@@ -90,3 +90,28 @@ def test_client_timeout_from_headers(headers: dict[str, str], expected: float | 
 def test_deadline_headers_are_configurable() -> None:
     config = AdmissionConfig(deadline_headers=(DeadlineHeader(name="x-deadline", unit="s"),))
     assert client_timeout_s({"x-deadline": "3", "x-request-timeout-ms": "1"}, config) == 3.0
+
+
+@pytest.mark.parametrize(("gateways", "taken"), [(1, 60000), (2, 30000), (4, 15000)])
+def test_each_of_n_gateways_holds_one_nth_of_a_budget(gateways: int, taken: int) -> None:
+    config = AdmissionConfig(tenants=[TenantConfig(name="t", api_keys=["k"], tokens_per_min=60000)])
+    directory = TenantDirectory(config)
+    tenant = directory.identify("k")
+    assert tenant is not None
+    directory.share(gateways, 0.0)
+    assert directory.take(tenant, taken, 0.0) == 0.0
+    assert directory.take(tenant, 1, 0.0) > 0.0
+    assert directory.take(tenant, 1000, 60.0 / taken * 1000) == 0.0, "refilled at 1/N of the rate"
+
+
+def test_a_gateway_joining_shrinks_a_bucket_already_in_use_and_leaving_grows_it() -> None:
+    config = AdmissionConfig(tenants=[TenantConfig(name="t", api_keys=["k"], tokens_per_min=60000)])
+    directory = TenantDirectory(config)
+    tenant = directory.identify("k")
+    assert tenant is not None
+    assert directory.take(tenant, 10000, 0.0) == 0.0
+    directory.share(2, 0.0)
+    assert directory.take(tenant, 30000, 0.0) == 0.0
+    assert directory.take(tenant, 1, 0.0) > 0.0, "what it had, cut to the new capacity"
+    directory.share(1, 0.0)
+    assert directory.take(tenant, 60000, 60.0) == 0.0

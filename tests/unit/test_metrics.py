@@ -193,10 +193,14 @@ def test_every_metric_is_documented() -> None:
 def test_coordination_series_are_exported_once_bound_and_documented() -> None:
     metrics = GatewayMetrics(clock=FakeClock())
     assert not set(COORDINATION_SERIES) & set(samples(metrics))
-    metrics.bind_coordination(lambda: CoordinationStatus(up=True, last_sync_age_s=2.0, refusing=False))
+    status = CoordinationStatus(
+        up=True, last_sync_age_s=2.0, refusing=False, gateways=2, claims=(("r0", 500, 4),)
+    )
+    metrics.bind_coordination(lambda: status)
     series = samples(metrics)
     assert set(COORDINATION_SERIES) <= set(series)
     assert value(series, "kvgate_coordination_errors_total", kind="timeout") == 0
+    assert value(series, "kvgate_coordination_claim_kv_tokens", replica="r0") == 500
     doc = (Path(__file__).parents[2] / "docs" / "gateway.md").read_text()
     assert [name for name in COORDINATION_SERIES if f"`{name}" not in doc] == []
 
