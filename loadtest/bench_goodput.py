@@ -51,6 +51,7 @@ from loadtest.report import Slo, Summary, class_table
 from loadtest.runner import RunOptions, RunResult, Target
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from loadtest.workload import Workload, build_trace, parse_workload
+from routing.prefix_hash import BLOCK_SIZE_TOKENS
 
 POLICIES = ("kvgate", "round_robin", "least_request")
 BASELINE = "round_robin"
@@ -135,7 +136,8 @@ def gateway_config(
             {
                 "name": "default",
                 "replicas": list(urls),
-                "kv_capacity_tokens": kv_capacity_tokens,
+                # What the replicas hold: their cache is whole blocks.
+                "kv_capacity_tokens": kv_capacity_tokens // BLOCK_SIZE_TOKENS * BLOCK_SIZE_TOKENS,
                 "max_sequences": max_sequences,
             }
         ],
