@@ -281,6 +281,18 @@ class AdmissionController:
         self.tenants.refund(request.tenant, kv_tokens)
         self._queue.refund(request.tenant.name, request.tenant.weight, kv_tokens)
 
+    def defer(self, request: AdmissionRequest, now_s: float) -> Queue:
+        """An admitted request that routing would rather keep waiting (the replica caching its
+        prompt's prefix is full, ``routing.prefix_hold_s``): it joins the queue as if it had found
+        no room, with its own wait budget; its fair-share charge waits for its dispatch, its tenant
+        budget stays taken, as for any queued request."""
+        kv_tokens = request.cost.kv_tokens
+        self._queue.refund(request.tenant.name, request.tenant.weight, kv_tokens)
+        wait_budget_s, _ = self._wait_budget(request)
+        entry = QueuedRequest(self._take_ticket(), request, now_s, now_s + wait_budget_s, None)
+        self._queue.push(entry)
+        return Queue(entry.ticket, 0.0, entry.expires_at_s)
+
     def settle(self, request: AdmissionRequest, used_tokens: int) -> None:
         """A request finished having used ``used_tokens`` (actual prompt + output): give back to the
         tenant's budget and fairness counter what its worst case over-charged."""

@@ -78,11 +78,11 @@ class RoutingConfig(BaseModel):
         default=1.0,
         ge=0,
         description=(
-            "Longest a queued request is kept waiting for a replica that holds its prompt's prefix "
-            "(at least prefix_home_key_tokens of it) to have room, instead of being placed on another "
-            "with room, where it would prefill the prefix again and cache it twice; at most half of "
-            "its wait budget, never for a request holding a Retry-After promise; 0 disables. "
-            "Default 1. Example: 0.5"
+            "Longest a request is kept waiting (queued at the gateway) for a replica that holds its "
+            "prompt's prefix (at least prefix_home_key_tokens of it) to have room, instead of being "
+            "placed on another with room, where it would prefill the prefix again and cache it "
+            "twice; for a request already queued at most half of its wait budget, never for one "
+            "holding a Retry-After promise; 0 disables. Default 1. Example: 0.5"
         ),
     )
     sample_size: int = Field(

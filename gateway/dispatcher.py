@@ -27,6 +27,8 @@ from gateway.fleet import Fleet
 from gateway.leases import Leases
 from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
+from routing.filters import NO_REPLICA
+from routing.policies.kvgate import PREFIX_HOLDER_FULL
 from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
 from routing.router import Router
@@ -152,10 +154,14 @@ class Dispatcher:
                 self.on_unmet(request.admission.cost.kv_tokens, request.admission.cost.sequences)
             return decision
         if isinstance(decision, Admit):
-            route = self._place(request, decision.candidates, now_s)
-            if route is not None:
+            hold_until_s = now_s + self.router.config.prefix_hold_s
+            route = self._place(request, decision.candidates, now_s, hold_until_s=hold_until_s)
+            if isinstance(route, Route):
                 self._metrics.count_admitted(pool, model, "fits", 0.0)
                 return route
+            if route == PREFIX_HOLDER_FULL:
+                self._metrics.count_decision("queue", route, pool=pool, model=model)
+                return await self._wait(request, self.controller.defer(request.admission, now_s), now_s)
             self.controller.unadmit(request.admission)
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=model)
             message = f"No replica serving '{model}' can take the request now."
@@ -238,7 +244,7 @@ class Dispatcher:
         what does not fit), on the real views, so the load scorer still sees real load."""
         route = self._place(request, self._first_hop_views(request, now_s), now_s, check_room=False)
         pool = self._fleet.pool_of(request.model)
-        if route is None:
+        if not isinstance(route, Route):
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=request.model)
             message = f"No replica serving '{request.model}' is available."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
@@ -263,7 +269,8 @@ class Dispatcher:
         now_s: float,
         check_room: bool = True,
         hold_until_s: float = float("-inf"),
-    ) -> Route | None:
+    ) -> Route | str:
+        """Route and reserve, or the router's reason for no replica."""
         assert request.routing is not None and request.admission is not None
         ledger = self._state.ledger
         routing = request.routing
@@ -271,10 +278,10 @@ class Dispatcher:
             routing, candidates, now_s, request.tried, check_room, hold_until_s, ledger
         )
         if choice.replica_id is None:
-            return None
+            return choice.reason
         replica = self._state.replicas.get(choice.replica_id)
         if replica is None:
-            return None
+            return NO_REPLICA
         cost = request.admission.cost
         if replica.role is Role.PREFILL:
             cost = prefill_cost(cost)
@@ -321,7 +328,7 @@ class Dispatcher:
         if future.done():
             return Placement.GONE  # the client left and its task has not heard yet
         route = self._place(request, dispatch.candidates, now_s, hold_until_s=self._hold_until_s(dispatch))
-        if route is None:
+        if not isinstance(route, Route):
             return Placement.NO_ROOM
         future.set_result(route)
         return Placement.PLACED
@@ -372,9 +379,11 @@ class Dispatcher:
             route = self._place(request, candidates, now_s)
         else:
             route = self._place(request, self._first_hop_views(request, now_s), now_s, check_room=False)
-        self._metrics.count_retry(pool, "no_replica" if route is None else "retry")
-        if route is None:
+        if not isinstance(route, Route):
+            self._metrics.count_retry(pool, "no_replica")
             self.pump()
+            return None
+        self._metrics.count_retry(pool, "retry")
         return route
 
     def release(self, request: ProxyRequest) -> None:

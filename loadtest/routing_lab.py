@@ -13,7 +13,7 @@ every ``scrape_every_s``. Prompts are rendered and tokenised as the simulator do
 block hashes and the engines' prefix cache agree. With ``admission`` on, a request the router finds
 no room for waits at the gateway, first come first served, and is offered again whenever a sequence
 finishes (kvgate's queue, without its deadlines); a request that waited longer than
-``max_queue_wait_s`` is refused. A queued request may be held for the replica holding its prefix
+``max_queue_wait_s`` is refused. A request may be held for the full replica holding its prefix
 (``routing.prefix_hold_s``, within half that wait), as the gateway's dispatcher does. With admission
 off, every request is routed at once without the room filter (as a router without admission, and
 as kvgate with ``admission.enabled: false``): the engines queue and preempt.
@@ -193,10 +193,10 @@ def play(
         replica.stepping = True
         push(result.end_s, _STEP_END, _Step(replica, result))
 
-    def place(outcome: Outcome, now_s: float, queued: bool = False) -> bool:
+    def place(outcome: Outcome, now_s: float) -> bool:
         views = [replica.view() for replica in fleet]
         hold_s = min(config.prefix_hold_s, max_queue_wait_s / 2)
-        hold_until_s = outcome.request.arrival_s + hold_s if queued else float("-inf")
+        hold_until_s = outcome.request.arrival_s + hold_s
         decision = router.choose(
             outcome.request.routing,
             views,
@@ -231,7 +231,7 @@ def play(
         while waiting and now_s - waiting[0].request.arrival_s > max_queue_wait_s:
             waiting.popleft().refused = True
         for outcome in list(waiting):
-            if place(outcome, now_s, queued=True):
+            if place(outcome, now_s):
                 waiting.remove(outcome)
 
     while events:

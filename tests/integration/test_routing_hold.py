@@ -1,10 +1,11 @@
-"""A queued request waits for the replica that caches its prefix, through the real gateway.
+"""A request waits for the replica that caches its prefix, through the real gateway.
 
 Two simulated replicas that each take one sequence at a time: a long answer to a 600-token prompt
-keeps replica A busy, a short one keeps B busy, and a second request sharing A's prompt prefix
-arrives and queues. B frees first. With ``routing.prefix_hold_s`` the queued request waits for A
-and hits A's prefix cache; without it, it goes to B and prefills the whole prompt again. Which
-happened is read from the replicas' own ``vllm:prefix_cache_hits_total``.
+keeps replica A busy. A second request sharing A's prompt prefix arrives either when B is busy too
+(it queues, and B frees first) or when B is idle (it would fit there at once). With
+``routing.prefix_hold_s`` it waits for A and hits A's prefix cache; without it, it goes to B and
+prefills the whole prompt again. Which happened is read from the replicas' own
+``vllm:prefix_cache_hits_total``.
 """
 
 from __future__ import annotations
@@ -60,4 +61,34 @@ async def test_a_queued_request_waits_for_the_replica_caching_its_prefix(
     prefix_hold_s: float, hits_prefix: bool
 ) -> None:
     hits = await hits_on_the_queued_request(prefix_hold_s)
+    assert (hits >= 512) is hits_prefix, hits
+
+
+async def hits_on_a_newcomer(prefix_hold_s: float) -> float:
+    """Replica A streams a long answer to a 600-token prompt, B is idle; a request sharing A's
+    prefix arrives and would fit on B at once. Returns the prefix-cache hits it made."""
+    async with SimFleet(replicas=2, time_scale=1.0, seed=0, overrides={"warmup_s": 0}) as fleet:
+        config = gateway_config(
+            fleet.urls,
+            pools=[
+                {"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": 450000, "max_sequences": 1}
+            ],
+            routing={"warmup_s": 0, "prefix_hold_s": prefix_hold_s},
+        )
+        async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            long_started, newcomer_started = asyncio.Event(), asyncio.Event()
+            long = asyncio.create_task(stream(http, SHARED + "first question", 120, long_started))
+            await long_started.wait()
+            before, _ = await prefix_counters(http, fleet.urls)
+            await asyncio.gather(long, stream(http, SHARED + "second question", 4, newcomer_started))
+            after, _ = await prefix_counters(http, fleet.urls)
+            await assert_idle(gw)
+    return after - before
+
+
+@pytest.mark.parametrize(("prefix_hold_s", "hits_prefix"), [(5.0, True), (0.0, False)])
+async def test_a_newcomer_that_fits_elsewhere_waits_for_the_replica_caching_its_prefix(
+    prefix_hold_s: float, hits_prefix: bool
+) -> None:
+    hits = await hits_on_a_newcomer(prefix_hold_s)
     assert (hits >= 512) is hits_prefix, hits
