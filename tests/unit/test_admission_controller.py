@@ -425,3 +425,18 @@ def test_an_admitted_request_no_replica_took_gives_back_its_budget() -> None:
     assert isinstance(fleet.admit(req(100, 100, tenant)), Refusal), "900 + 200 of 1000 per minute"
     fleet.controller.unadmit(first)
     assert isinstance(fleet.admit(req(100, 100, tenant)), Admit)
+
+
+def test_an_admitted_request_routing_defers_joins_the_queue_and_goes_at_the_next_dispatch() -> None:
+    """Routing would rather it wait for the replica caching its prefix: it queues as if it had found
+    no room (its fair-share charge waits for its dispatch) and the next dispatch offers it again."""
+    fleet = Fleet(AdmissionConfig(), {"a": 1000, "b": 1000})
+    first = req(100, 100)
+    assert isinstance(fleet.controller.admit(first, fleet.snapshot()), Admit)
+    queued = fleet.controller.defer(first, fleet.now_s)
+    assert isinstance(queued, Queue) and queued.expires_at_s > fleet.now_s
+    assert fleet.controller.queue_stats(fleet.now_s).requests == 1
+    # A newcomer that fits is still admitted at once: the deferred one is placed ahead of it.
+    assert isinstance(fleet.admit(req(100, 100)), Admit)
+    assert [d.request.request_id for d in fleet.pump()] == [first.request_id]
+    assert fleet.controller.queue_stats(fleet.now_s).requests == 0
