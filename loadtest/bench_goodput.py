@@ -27,13 +27,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from loadtest import peers, routing_traces
 from loadtest.client import RetryPolicy, wait_until_ok
 from loadtest.compare import ratios, run_compare, summaries_for
 from loadtest.ports import free_ports
+from loadtest.processes import processes
 from loadtest.report import Slo, Summary, class_table
 from loadtest.runner import RunOptions, RunResult, Target
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
@@ -144,22 +144,6 @@ def gateway_config(
         "routing": {"policy": policy, "warmup_s": 0},
         "admission": {"max_queue_wait_s": 30, "enabled": admission},
     }
-
-
-@contextlib.contextmanager
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            proc.terminate()
-        for proc in started:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def start_fleet(started: list[subprocess.Popen[bytes]], args: argparse.Namespace) -> list[str]:

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ from loadtest import peers
 from loadtest.client import wait_until_ok
 from loadtest.compare import run_compare, summaries_for
 from loadtest.ports import free_ports
+from loadtest.processes import processes
 from loadtest.report import Slo, Summary
 from loadtest.runner import RunOptions, RunResult, Target
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
@@ -146,22 +146,6 @@ async def serve_fleet(roles: Mapping[str, int], time_scale: float, seed: int) ->
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()
-
-
-@contextlib.contextmanager
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            proc.terminate()
-        for proc in started:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def start_fleet(
