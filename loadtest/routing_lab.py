@@ -11,8 +11,9 @@ tokens still waiting for a first token, resident sequences, decode tokens they m
 worst-case KV reserved), updated at every decision, plus a ``/metrics``-like scrape of each engine
 every ``scrape_every_s``. Prompts are rendered and tokenised as the simulator does, so the router's
 block hashes and the engines' prefix cache agree. With ``admission`` on, a request the router finds
-no room for waits at the gateway, first come first served, and is offered again whenever a sequence
-finishes (kvgate's queue, without its deadlines); a request that waited longer than
+no room for waits at the gateway and is offered again, in arrival order, whenever a sequence
+finishes or another request arrives (a newcomer that still fits once the queue had its turn goes
+at once, as kvgate's queue walk lets it; the queue has no deadlines here); a request that waited longer than
 ``max_queue_wait_s`` is refused. A request may be held for the full replica holding its prefix
 (``routing.prefix_hold_s``, within half that wait), as the gateway's dispatcher does. With admission
 off, every request is routed at once without the room filter (as a router without admission, and
@@ -241,7 +242,9 @@ def play(
                 replica.scrape(now_s)
             drain_queue(now_s)
         elif isinstance(item, Outcome):
-            if waiting or not place(item, now_s):
+            if waiting:
+                drain_queue(now_s)
+            if not place(item, now_s):
                 waiting.append(item)
         elif isinstance(item, _Step):
             if _deliver(item.replica, item.result, ledger):
