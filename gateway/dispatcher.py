@@ -154,7 +154,7 @@ class Dispatcher:
                 self.on_unmet(request.admission.cost.kv_tokens, request.admission.cost.sequences)
             return decision
         if isinstance(decision, Admit):
-            hold_until_s = now_s + self.router.config.prefix_hold_s
+            hold_until_s = self.router.hold_until_s(now_s)
             route = self._place(request, decision.candidates, now_s, hold_until_s=hold_until_s)
             if isinstance(route, Route):
                 self._metrics.count_admitted(pool, model, "fits", 0.0)
@@ -334,13 +334,9 @@ class Dispatcher:
         return Placement.PLACED
 
     def _hold_until_s(self, dispatch: Dispatch) -> float:
-        """Until when a queued request may wait for the replica holding its prefix: the routing
-        section's ``prefix_hold_s`` after it queued, within half its wait budget; never for a
-        promised request (its Retry-After said it would be admitted now)."""
-        if dispatch.promised_due_s is not None:
-            return float("-inf")
+        """A queued request's hold for its prefix's replica, from when it queued (``Router.hold_until_s``)."""
         budget_s = dispatch.expires_at_s - dispatch.enqueued_at_s
-        return dispatch.enqueued_at_s + min(self.router.config.prefix_hold_s, budget_s / 2)
+        return self.router.hold_until_s(dispatch.enqueued_at_s, budget_s, dispatch.promised_due_s is not None)
 
     def tick(self) -> None:
         """Keep the leases (``Leases.upkeep``), expire overdue waits (each answered with its 429)

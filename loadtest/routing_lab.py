@@ -196,8 +196,7 @@ def play(
 
     def place(outcome: Outcome, now_s: float) -> bool:
         views = [replica.view() for replica in fleet]
-        hold_s = min(config.prefix_hold_s, max_queue_wait_s / 2)
-        hold_until_s = outcome.request.arrival_s + hold_s
+        hold_until_s = router.hold_until_s(outcome.request.arrival_s, max_queue_wait_s)
         decision = router.choose(
             outcome.request.routing,
             views,

@@ -65,5 +65,15 @@ class Router:
             self._index.record(decision.replica_id, request.block_hashes)
         return decision
 
+    def hold_until_s(
+        self, since_s: float, wait_budget_s: float = float("inf"), promised: bool = False
+    ) -> float:
+        """Until when a request that arrived (or queued) at ``since_s`` may wait for a full replica
+        caching its prefix (pass as ``choose``'s ``hold_until_s``): ``prefix_hold_s`` after, within
+        half of the wait budget it has; never for a request promised admission by a Retry-After."""
+        if promised:
+            return float("-inf")
+        return since_s + min(self._config.prefix_hold_s, wait_budget_s / 2)
+
     def forget(self, replica_id: str) -> None:
         self._index.remove_replica(replica_id)

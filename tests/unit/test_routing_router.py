@@ -187,3 +187,12 @@ def test_no_hold_while_a_holder_has_room_or_for_a_short_prefix_or_an_unhealthy_h
     full = ReplicaLoad(resident_sequences=64, reserved_kv_tokens=10_000)
     crowded = [view(v.replica_id, load=full) if v.replica_id == short_holder else v for v in fleet]
     assert r.choose(request(1), crowded, 5.0, hold_until_s=6.0).replica_id not in (None, short_holder)
+
+
+def test_the_hold_lasts_prefix_hold_s_within_half_the_wait_budget_and_never_for_a_promise() -> None:
+    r = router(prefix_hold_s=1.0)
+    assert r.hold_until_s(10.0) == 11.0
+    assert r.hold_until_s(10.0, wait_budget_s=30.0) == 11.0
+    assert r.hold_until_s(10.0, wait_budget_s=1.0) == 10.5
+    assert r.hold_until_s(10.0, wait_budget_s=30.0, promised=True) == float("-inf")
+    assert router(prefix_hold_s=0.0).hold_until_s(10.0) == 10.0
