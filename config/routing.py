@@ -133,7 +133,8 @@ class RoutingConfig(BaseModel):
         gt=1.0,
         description=(
             "A replica whose time-to-first-token average exceeds this multiple of the candidates' "
-            "mean is treated as just ready (weight min_ratio). Default 3. Example: 4"
+            "mean (and by more than 0.25 s) is treated as just ready (weight min_ratio). Default 3. "
+            "Example: 4"
         ),
     )
     ejection_backoff_base_s: float = Field(

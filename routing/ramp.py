@@ -3,7 +3,10 @@
 A replica ready for ``t < warmup_s`` seconds gets the Envoy slow-start weight
 ``max(min_ratio, (t / warmup_s) ** (1 / aggression))``; a replica whose time-to-first-token average
 exceeds ``cold_ttft_factor`` x the mean of the other candidates' is treated as just ready (weight
-``min_ratio``) whatever its age, because it is still compiling, loading or swapping. The weight is
+``min_ratio``) whatever its age, because it is still compiling, loading or swapping. It must also
+exceed that mean by ``COLD_TTFT_MIN_EXCESS_S``: a stall of that kind costs seconds, while replicas
+answering in milliseconds differ by 3x from scheduling noise alone (a loaded host, a GC pause), and
+taking such a replica out of decisions would move prefixes off their cache for nothing. The weight is
 applied as the probability that the candidate stays in the decision, drawn from the injected seeded
 ``random.Random``, not as a factor on its score: a cold replica has no load, so it would top any
 load-based score and a score factor would not stop it from taking most of a burst. As a keep
@@ -18,6 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vocabulary.replica import ReplicaView
+
+COLD_TTFT_MIN_EXCESS_S = 0.25
+"""How far above the others' mean TTFT a replica must be, as well as ``cold_ttft_factor`` x it, to
+count as cold."""
 
 
 def ramp_weight(ready_for_s: float, warmup_s: float, min_ratio: float, aggression: float) -> float:
@@ -50,12 +57,14 @@ class Ramp:
                 ttft_count += 1
         if ttft_count < 2:
             return True
-        factor = self.cold_ttft_factor
         for view in views:
             ttft_s = view.ttft_ewma_s
-            if ttft_s is not None and ttft_s > factor * ((ttft_sum_s - ttft_s) / (ttft_count - 1)):
+            if ttft_s is not None and self._is_cold(ttft_s, (ttft_sum_s - ttft_s) / (ttft_count - 1)):
                 return False
         return True
+
+    def _is_cold(self, ttft_s: float, others_mean_s: float) -> bool:
+        return ttft_s > self.cold_ttft_factor * others_mean_s and ttft_s - others_mean_s > COLD_TTFT_MIN_EXCESS_S
 
     def weights(self, views: Sequence[ReplicaView], now_s: float) -> list[float]:
         ttft_sum_s = 0.0
@@ -64,12 +73,7 @@ class Ramp:
             if view.ttft_ewma_s is not None:
                 ttft_sum_s += view.ttft_ewma_s
                 ttft_count += 1
-        warmup_s, min_ratio, aggression, factor = (
-            self.warmup_s,
-            self.min_ratio,
-            self.aggression,
-            self.cold_ttft_factor,
-        )
+        warmup_s, min_ratio, aggression = self.warmup_s, self.min_ratio, self.aggression
         weights: list[float] = []
         for view in views:
             ready_since_s = view.ready_since_s
@@ -77,8 +81,7 @@ class Ramp:
             weight = ramp_weight(ready_for_s, warmup_s, min_ratio, aggression)
             ttft_s = view.ttft_ewma_s
             if ttft_s is not None and ttft_count > 1:
-                others_mean_s = (ttft_sum_s - ttft_s) / (ttft_count - 1)
-                if ttft_s > factor * others_mean_s:
+                if self._is_cold(ttft_s, (ttft_sum_s - ttft_s) / (ttft_count - 1)):
                     weight = min_ratio
             weights.append(weight)
         return weights

@@ -55,6 +55,12 @@ def test_ttft_far_above_the_pool_counts_as_cold() -> None:
     assert RAMP.weights(views, now_s=0.0) == [1.0, 1.0, 0.1, 1.0]
 
 
+def test_millisecond_ttfts_three_times_apart_are_noise_not_a_cold_replica() -> None:
+    views = [view("a", -600.0, 0.002), view("b", -600.0, 0.003), view("c", -600.0, 0.040)]
+    assert RAMP.weights(views, now_s=0.0) == [1.0, 1.0, 1.0]
+    assert RAMP.keep(views, 0.0, random.Random(0)) == views
+
+
 def test_keep_probability_follows_the_weight() -> None:
     rng = random.Random(5)
     warm, cold = view("warm", -600.0), view("cold", -15.0)
