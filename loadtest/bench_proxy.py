@@ -24,6 +24,7 @@ end are kept when it is written again.
     python -m loadtest.bench_proxy --client 20000
     python -m loadtest.bench_proxy --access-log 20000 --tracing 5000
     python -m loadtest.bench_proxy --report docs/proxy-report.md
+    python -m loadtest.bench_proxy --peers all [--rounds 3] [--peer-bin-dir DIR]
 """
 
 from __future__ import annotations
@@ -59,6 +60,10 @@ if TYPE_CHECKING:
 MODEL = "bench-model"
 CHUNKS = 50
 PACE_HEADER = "x-bench-pace-ms"
+PACE_PROMPT_PREFIX = "bench-pace-ms:"
+"""The pace can also ride in the last message, which every router forwards: sglang-router drops
+unknown headers and rewrites the body from its own request type (``user`` is lost, ``max_tokens``
+becomes ``max_completion_tokens``)."""
 NON_STREAM_REQUEST = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": CHUNKS}
 NON_STREAM_BODY = orjson.dumps(NON_STREAM_REQUEST)
 JSON_HEADERS = {"content-type": "application/json"}
@@ -107,7 +112,10 @@ class _BackendProtocol(asyncio.Protocol):
             )
             return
         request = orjson.loads(bytes(self._body))
-        chunks = int(request.get("max_tokens", CHUNKS))
+        chunks = int(request.get("max_tokens") or request.get("max_completion_tokens") or CHUNKS)
+        content = request.get("messages", [{}])[-1].get("content")
+        if isinstance(content, str) and content.startswith(PACE_PROMPT_PREFIX):
+            self._pace_ms = float(content.removeprefix(PACE_PROMPT_PREFIX))
         if not request.get("stream"):
             body = orjson.dumps(
                 {
@@ -633,6 +641,14 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run the scenarios and then each part alone (N {PART_REQUESTS} unless given), and write "
         "the figures as markdown to FILE, keeping its one-off section",
     )
+    parser.add_argument(
+        "--peers",
+        metavar="NAMES",
+        help="compare router CPU per request with these Rust routers instead (comma-separated, or "
+        "all; loadtest.bench_proxy_peers)",
+    )
+    parser.add_argument("--peer-bin-dir", type=Path, help="where the routers' scripts are (with --peers)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per target (with --peers)")
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--gateway", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -644,6 +660,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         serve_gateway(args.gateway)
         return 0
+    if args.peers:
+        import uvloop
+
+        from loadtest.bench_proxy_peers import compare
+
+        return uvloop.run(compare(args))
     if args.report:
         return report(args, sys.argv[1:] if argv is None else argv)
     if args.decisions:
