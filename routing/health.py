@@ -6,11 +6,13 @@ and 503 are backpressure). A new replica is ``starting`` and never routable unti
 ``healthy_threshold`` consecutive successes make it ``healthy``; that moment is its
 ``ready_since_s``, which starts its warm-up ramp. ``unhealthy_threshold`` consecutive failures eject
 it for an exponential back-off (``base * 2 ** (ejections in a row - 1)``, capped at ``max``); while
-ejected nothing it says counts. When the back-off has elapsed it is routable again on probation:
-one more failure ejects it again for twice as long, ``healthy_threshold`` successes make it healthy,
-and a replica that stays healthy for the longest back-off loses its ejection streak. It returns as
-a fresh replica (``ready_since_s`` is the end of the back-off), since an ejected replica has often
-restarted cold. Backpressure is not a failure: it only sets a short avoid window (the replica's
+ejected nothing it says counts. When the back-off has elapsed it is on probation, still without
+traffic: one more failure ejects it again for twice as long, ``healthy_threshold`` successes (the
+active probes') make it healthy and routable, and a replica that stays healthy for the longest
+back-off loses its ejection streak. No request is sent to find out: a replica that accepts
+connections and never answers would hold that request until its first-byte timeout. It returns as
+a fresh replica (``ready_since_s`` is the success that made it healthy), since an ejected replica
+has often restarted cold. Backpressure is not a failure: it only sets a short avoid window (the replica's
 Retry-After, capped). Health never touches load: ``apply`` rewrites a view's health fields only, so
 a probe cannot reset the reservations kvgate holds on a replica.
 """
@@ -86,8 +88,6 @@ class ReplicaHealth:
     ready_since_s: float | None = None
 
     def routable(self, now_s: float) -> bool:
-        if self.state is HealthState.EJECTED:
-            return now_s >= self.ejected_until_s
         return self.state is HealthState.HEALTHY
 
     def observe(
@@ -115,13 +115,12 @@ class ReplicaHealth:
             )
         if successes < rules.healthy_threshold:
             return replace(self, consecutive_failures=0, consecutive_successes=successes)
-        ready_since_s = self.ejected_until_s if self.state is HealthState.EJECTED else now_s
         return replace(
             self,
             state=HealthState.HEALTHY,
             consecutive_failures=0,
             consecutive_successes=successes,
-            ready_since_s=ready_since_s,
+            ready_since_s=now_s,
         )
 
     def _failure(self, now_s: float, rules: HealthRules) -> ReplicaHealth:
@@ -144,9 +143,7 @@ class ReplicaHealth:
     def view_fields(self, now_s: float) -> tuple[bool, float | None, float]:
         """A view's health fields from this state: ``healthy``, ``ready_since_s``, ``backoff_until_s``."""
         routable = self.routable(now_s)
-        ready_since_s = self.ready_since_s
-        if self.state is HealthState.EJECTED:
-            ready_since_s = self.ejected_until_s if routable else None
+        ready_since_s = None if self.state is HealthState.EJECTED else self.ready_since_s
         return routable, ready_since_s, max(self.avoid_until_s, self.ejected_until_s)
 
 

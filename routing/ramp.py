@@ -64,7 +64,8 @@ class Ramp:
         return True
 
     def _is_cold(self, ttft_s: float, others_mean_s: float) -> bool:
-        return ttft_s > self.cold_ttft_factor * others_mean_s and ttft_s - others_mean_s > COLD_TTFT_MIN_EXCESS_S
+        excess_s = ttft_s - others_mean_s
+        return ttft_s > self.cold_ttft_factor * others_mean_s and excess_s > COLD_TTFT_MIN_EXCESS_S
 
     def weights(self, views: Sequence[ReplicaView], now_s: float) -> list[float]:
         ttft_sum_s = 0.0
@@ -80,9 +81,12 @@ class Ramp:
             ready_for_s = now_s - ready_since_s if ready_since_s is not None else 0.0
             weight = ramp_weight(ready_for_s, warmup_s, min_ratio, aggression)
             ttft_s = view.ttft_ewma_s
-            if ttft_s is not None and ttft_count > 1:
-                if self._is_cold(ttft_s, (ttft_sum_s - ttft_s) / (ttft_count - 1)):
-                    weight = min_ratio
+            if (
+                ttft_s is not None
+                and ttft_count > 1
+                and self._is_cold(ttft_s, (ttft_sum_s - ttft_s) / (ttft_count - 1))
+            ):
+                weight = min_ratio
             weights.append(weight)
         return weights
 

@@ -305,6 +305,12 @@ async def run_replay(plans: list[Planned]) -> dict[str, Any]:
     replay.at(1000.0 + plans[40].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
     replay.at(1000.0 + plans[41].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
     replay.at(1000.0 + plans[42].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
+    probe_s = 1000.0 + plans[42].at_s
+    while probe_s < end_s:  # the replica's active probes succeed once it is back: they bring it back
+        probe_s += 1.0
+        replay.at(
+            probe_s, lambda: path.fleet.observe_outcome(replay.state.replicas[REPLICAS[2]], Outcome.SUCCESS)
+        )
     samples: dict[str, Any] = {}
     while replay.events:
         time_s, _, action = heapq.heappop(replay.events)

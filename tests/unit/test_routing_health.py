@@ -44,7 +44,7 @@ def test_consecutive_failures_eject_with_exponential_backoff_capped() -> None:
     assert run([(1.0, F), (2.0, F), (3.0, S), (4.0, F)], healthy).state is HealthState.HEALTHY
     ejected = run([(1.0, F), (2.0, F), (3.0, F)], healthy)
     assert ejected.state is HealthState.EJECTED and ejected.ejected_until_s == 8.0
-    assert not ejected.routable(7.9) and ejected.routable(8.0)
+    assert not ejected.routable(7.9) and not ejected.routable(8.0)
     assert run([(5.0, S), (6.0, S), (7.0, F)], ejected) == ejected
     until = []
     health = ejected
@@ -58,9 +58,19 @@ def test_consecutive_failures_eject_with_exponential_backoff_capped() -> None:
 def test_returning_replica_is_fresh_and_loses_its_streak_after_staying_healthy() -> None:
     ejected = run([(0.0, S), (0.0, S), (1.0, F), (2.0, F), (3.0, F)])
     back = run([(9.0, S), (10.0, S)], ejected)
-    assert back.state is HealthState.HEALTHY and back.ready_since_s == 8.0 and back.ejections == 1
-    assert run([(47.0, S)], back).ejections == 1
-    assert run([(48.0, S)], back).ejections == 0
+    assert back.state is HealthState.HEALTHY and back.ready_since_s == 10.0 and back.ejections == 1
+    assert run([(49.0, S)], back).ejections == 1
+    assert run([(50.0, S)], back).ejections == 0
+
+
+def test_after_its_back_off_an_ejected_replica_gets_no_traffic_until_its_probes_succeed() -> None:
+    ejected = run([(0.0, S), (0.0, S), (1.0, F), (2.0, F), (3.0, F)])
+    assert not ejected.routable(100.0)
+    half_way = run([(9.0, S)], ejected)
+    assert half_way.state is HealthState.EJECTED and not half_way.routable(9.0)
+    assert run([(9.5, S)], half_way).routable(9.5)
+    again = run([(9.5, F)], half_way)
+    assert again.state is HealthState.EJECTED and again.ejected_until_s == 19.5
 
 
 def test_backpressure_avoids_briefly_without_ejecting() -> None:
@@ -82,6 +92,9 @@ def test_view_fields_follow_the_health_state_through_ejection_and_probation() ->
     for now_s in (2.0, 3.0, 4.0):
         tracker.observe("a", F, now_s)
     assert tracker.get("a").view_fields(5.0) == (False, None, 9.0)
-    assert tracker.get("a").view_fields(9.0) == (True, 9.0, 9.0)
+    assert tracker.get("a").view_fields(9.0) == (False, None, 9.0)
+    for now_s in (9.0, 9.5):
+        tracker.observe("a", S, now_s)
+    assert tracker.get("a").view_fields(10.0) == (True, 9.5, 9.0)
     tracker.remove("a")
     assert tracker.get("a") == ReplicaHealth()
