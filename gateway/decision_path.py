@@ -43,6 +43,10 @@ class DecisionPath:
     ) -> DecisionPath:
         controller = AdmissionController(config.admission, state.ledger)
         metrics.bind_promises(lambda: controller.promise_counts)
+        guard = controller.itl_guard
+        if guard is not None:
+            metrics.bind_itl_guard(lambda: guard.limits)
+            state.removal_listeners.append(guard.forget)
         router = Router(config.routing, random.Random(config.routing.seed))
         fleet = Fleet(state, config, metrics, router, clock)
         for pool in config.pools:

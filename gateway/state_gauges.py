@@ -48,6 +48,8 @@ COORDINATION_SERIES = (
     "kvgate_coordination_claim_sequences",
 )
 """Exported only when Redis coordination is configured (``bind_coordination``)."""
+ITL_GUARD_GAUGES = ("kvgate_itl_guard_sequences",)
+"""Exported only when a model has an ITL objective (``bind_itl_guard``)."""
 PROMISE_OUTCOMES = ("made", "kept", "broken", "lapsed")
 """What became of a promised slot (``admission.promises.PromiseCounts``)."""
 
@@ -231,6 +233,28 @@ class PromiseCounters(Collector):
         )
         for outcome in PROMISE_OUTCOMES:
             family.add_metric([outcome], float(getattr(counts, outcome)))
+        return [family]
+
+
+class ItlGuardGauges(Collector):
+    """``kvgate_itl_guard_sequences``: each replica's learned sequence limit, read at scrape time."""
+
+    def __init__(self, limits: Callable[[], Mapping[str, int]]) -> None:
+        self._limits = limits
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "kvgate_itl_guard_sequences",
+            "Most sequences a replica may run while its predicted inter-token latency meets the "
+            "model's objective, learned from its streams (max_active_sequences_per_replica until "
+            "enough streams were seen).",
+            labels=["replica"],
+        )
+        for replica, sequences in sorted(self._limits().items()):
+            family.add_metric([replica], float(sequences))
         return [family]
 
 
