@@ -20,7 +20,7 @@ many), with ``kvgate_build_info`` and the standard ``process_*`` / ``python_*`` 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -307,8 +307,9 @@ class GatewayMetrics:
         """Export ``kvgate_promises_total``, read from ``counts`` at every scrape."""
         self.registry.register(PromiseCounters(counts))
 
-    def bind_itl_guard(self, limits: Callable[[], Mapping[str, int]]) -> None:
-        """Export ``kvgate_itl_guard_sequences``, read from ``limits`` at every scrape."""
+    def bind_itl_guard(self, limits: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Export ``kvgate_itl_guard_sequences``, read from ``limits`` (pool, replica name, limit)
+        at every scrape."""
         self.registry.register(ItlGuardGauges(limits))
 
     def bind_coordination(self, status: Callable[[], CoordinationStatus]) -> None:

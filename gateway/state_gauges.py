@@ -239,8 +239,9 @@ class PromiseCounters(Collector):
 class ItlGuardGauges(Collector):
     """``kvgate_itl_guard_sequences``: each replica's learned sequence limit, read at scrape time."""
 
-    def __init__(self, limits: Callable[[], Mapping[str, int]]) -> None:
+    def __init__(self, limits: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
         self._limits = limits
+        """(pool, replica name, limit) of every replica the guard has learned about."""
 
     def describe(self) -> Iterable[Metric]:
         return []
@@ -251,10 +252,10 @@ class ItlGuardGauges(Collector):
             "Most sequences a replica may run while its predicted inter-token latency meets the "
             "model's objective, learned from its streams (max_active_sequences_per_replica until "
             "enough streams were seen).",
-            labels=["replica"],
+            labels=["pool", "replica"],
         )
-        for replica, sequences in sorted(self._limits().items()):
-            family.add_metric([replica], float(sequences))
+        for pool, replica, sequences in sorted(self._limits()):
+            family.add_metric([pool, replica], float(sequences))
         return [family]
 
 
