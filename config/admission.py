@@ -118,6 +118,16 @@ class TenantConfig(_Section):
         description="Priority class of this tenant's requests (enum). Default 'standard'. "
         "Example: 'critical'.",
     )
+    ttft_slo_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Time-to-first-token objective of this tenant's requests, in place of their model's "
+            "ttft_slo_s whatever the model (seconds): an interactive tenant may be refused sooner "
+            "than the model's objective would, a batch tenant may wait longer. Default none (the "
+            "model's). Example: 0.5."
+        ),
+    )
 
     @model_validator(mode="before")
     @classmethod
