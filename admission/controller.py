@@ -368,8 +368,14 @@ class AdmissionController:
         return wait_budget(request, self.config, self.rates.prefill_tokens_per_s)
 
     def max_active(self, view: ReplicaView) -> int:
-        """The guard: the configured limit, or the replica's own sequence slots when fewer."""
-        limit = self.guard_sequences(view.replica_id)
+        """The guard: ``guard_sequences``, or the replica's own sequence slots when fewer."""
+        limit = self.config.max_active_sequences_per_replica
+        guard = self.itl_guard
+        if guard is not None:
+            # ``guard_sequences`` written out: this runs for every replica of every room check.
+            learned = guard.limits.get(view.replica_id, limit)
+            if learned < limit:
+                limit = learned
         return view.max_sequences if 0 < view.max_sequences < limit else limit
 
     def guard_sequences(self, replica_id: str) -> int:
