@@ -19,10 +19,12 @@ while the intercept follows the level of the latest ones.
 Bounds keep a few streams from deciding much: the limit stays at the ceiling (the static guard)
 until ``MIN_OBSERVATIONS`` streams were seen on the replica; from then on a stream counts as at
 most ``OUTLIER_RATIO`` times off the line (a steeper truth is still reached, a few streams later);
-a slope below zero (latency does not fall with load; it is noise) counts as flat; and the limit
-never drops below the floor (``itl_guard_min_sequences``), so a replica whose latency misses the
-objective even when nearly idle still serves, as slowly as it must, and keeps producing the streams
-that would show it recovered. Each observation costs O(1): five running sums and one division.
+a slope below zero (latency does not fall with load; it is noise) counts as flat; a replica over
+its objective sheds load in proportion (its recent load times objective over recent latency),
+never all at once, however little the line knows yet; and the limit never drops below the floor
+(``itl_guard_min_sequences``), so a replica whose latency misses the objective even when nearly
+idle still serves, as slowly as it must, and keeps producing the streams that would show it
+recovered. Each observation costs O(1): five running sums and a few divisions.
 """
 
 from __future__ import annotations
@@ -87,15 +89,30 @@ class ItlFit:
 
     def limit(self, objective_s: float, floor: int, ceiling: int) -> int:
         """The most sequences whose predicted ITL is within ``objective_s``, in ``[floor, ceiling]``;
-        ``ceiling`` until ``MIN_OBSERVATIONS`` streams were seen."""
+        ``ceiling`` until ``MIN_OBSERVATIONS`` streams were seen. Never below the recent load scaled
+        by objective over recent latency (``shed_limit``): a replica over its objective sheds load
+        in that proportion, not all at once."""
         if self.observations < MIN_OBSERVATIONS:
             return ceiling
         headroom_s = objective_s - self.intercept_s
         if headroom_s <= 0.0:
-            return floor
-        if self.slope_s * ceiling <= headroom_s:
+            by_line = 0
+        elif self.slope_s * ceiling <= headroom_s:
             return ceiling
-        return max(floor, min(ceiling, math.floor(headroom_s / self.slope_s)))
+        else:
+            by_line = math.floor(headroom_s / self.slope_s)
+        return max(floor, min(ceiling, max(by_line, self.shed_limit(objective_s))))
+
+    def shed_limit(self, objective_s: float) -> int:
+        """The recent mean load times objective over the recent mean latency, when that latency is
+        over the objective (0 otherwise: nothing to shed). As if latency were proportional to load:
+        where the line has an intercept this stays above the line's limit and below the load, so
+        repeated, it steps down onto the line's limit from above; and it holds while the line is
+        still unsure, where a flat line with a high intercept would say the floor."""
+        mean_itl_s = self.sum_itl_s / self.weight
+        if mean_itl_s <= objective_s:
+            return 0
+        return math.floor(self.sum_sequences / self.weight * objective_s / mean_itl_s)
 
 
 @dataclass(slots=True)

@@ -18,8 +18,8 @@ from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 ITL_SLO_S = 0.025
 CLIENTS = 32
-LEARN_S = 2.5
-MEASURE_S = 2.5
+LEARN_S = 2.0
+MEASURE_S = 2.0
 STEEP_DECODE = {"warmup_s": 0, "mfu_ratio": 0.011}
 """About 1.5 ms of compute per sequence in each step over a 6.5 ms floor: 32 sequences decode at
 about 48 ms a token, the objective allows about 16."""

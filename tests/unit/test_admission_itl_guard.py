@@ -1,6 +1,7 @@
 """The ITL guard learns a replica's latency line from its streams and answers the most sequences
 that keep the predicted latency within the objective, never above the static guard nor below the
-floor, and not moved by a few streams or by a replica that always runs the same load."""
+floor, not moved by a few streams or by a replica that always runs the same load, and shedding an
+overloaded replica's load in proportion rather than all at once."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def fed(pairs: list[tuple[float, float]]) -> ItlFit:
 
 def test_a_known_line_is_learned_and_gives_the_limit_it_implies() -> None:
     rng = random.Random(7)
-    loads = [rng.randint(1, 40) for _ in range(200)]
+    loads = [rng.randint(1, 16) for _ in range(200)]
     fit = fed([(x, line_s(x)) for x in loads])
     assert fit.intercept_s == pytest.approx(INTERCEPT_S, rel=1e-3)
     assert fit.slope_s == pytest.approx(SLOPE_S, rel=1e-3)
@@ -49,7 +50,7 @@ def test_noisy_streams_still_converge_to_the_limit() -> None:
     rng = random.Random(11)
     pairs = []
     for _ in range(2000):
-        x = rng.uniform(1, 48)
+        x = rng.uniform(1, 16)
         pairs.append((x, line_s(x) * rng.uniform(0.9, 1.1)))
     fit = fed(pairs)
     assert fit.limit(0.03, 1, 128) in (15, 16, 17)
@@ -77,7 +78,7 @@ def test_the_slope_survives_a_replica_held_at_one_load() -> None:
     """Held at its limit, a replica runs the same sequences stream after stream: the line keeps
     its slope rather than forgetting it and opening the replica to everything."""
     rng = random.Random(3)
-    fit = fed([(x, line_s(x)) for x in (rng.randint(1, 40) for _ in range(100))])
+    fit = fed([(x, line_s(x)) for x in (rng.randint(1, 16) for _ in range(100))])
     before = fit.limit(0.0305, 1, 128)
     assert before == 16
     for _ in range(1000):
@@ -88,12 +89,45 @@ def test_the_slope_survives_a_replica_held_at_one_load() -> None:
 
 def test_the_intercept_follows_a_replica_that_became_slower() -> None:
     rng = random.Random(5)
-    fit = fed([(x, line_s(x)) for x in (rng.randint(1, 40) for _ in range(200))])
+    fit = fed([(x, line_s(x)) for x in (rng.randint(1, 12) for _ in range(200))])
     assert fit.limit(0.0305, 1, 128) == 16  # (0.0305 - 0.006) / 0.0015 = 16.3
     for _ in range(200):
-        x = rng.randint(1, 40)
+        x = rng.randint(1, 12)
         fit.observe(x, line_s(x) + 0.006)
     assert fit.limit(0.0305, 1, 128) == 12  # (0.0305 - 0.012) / 0.0015 = 12.3
+
+
+def test_a_replica_over_its_objective_sheds_in_proportion_not_to_the_floor() -> None:
+    """Every stream so far ran at 32 sequences, at 54 ms: the line cannot tell fixed cost from
+    per-sequence cost, and a flat line would say the floor. The load sheds by 30 / 54 instead."""
+    fit = fed([(32, line_s(32))] * 30)
+    assert fit.intercept_s > 0.03
+    assert fit.limit(0.03, 1, 128) == 17  # 32 * 0.03 / 0.054 = 17.8
+
+
+@pytest.mark.parametrize(
+    ("intercept_s", "slope_s", "objective_s", "expected"),
+    [(0.006, 0.0015, 0.0305, 16), (0.006, 0.00007, 0.010, 57)],
+)
+def test_a_replica_run_at_its_limit_steps_down_onto_the_objective(
+    intercept_s: float, slope_s: float, objective_s: float, expected: int
+) -> None:
+    """A closed loop: the replica runs as many sequences as the limit allows (demand is 200), its
+    streams seeing that load and a few less as they come and go. Whether step time is mostly
+    per-sequence (the first line) or mostly fixed (the second, a memory-bound decode), the limit
+    comes down onto the line's limit from above and stays there, never under it on the way."""
+    fit = ItlFit()
+    limits = []
+    for _ in range(60):
+        limit = fit.limit(objective_s, 1, 256)
+        limits.append(limit)
+        running = min(200, limit)
+        for churn in range(5):
+            sequences = running - churn
+            fit.observe(sequences, intercept_s + slope_s * sequences)
+    assert limits[-10:] == [expected] * 10
+    assert min(limits) == expected
+    assert limits == sorted(limits, reverse=True)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +141,7 @@ def test_the_intercept_follows_a_replica_that_became_slower() -> None:
 )
 def test_floor_and_ceiling(objective_s: float, floor: int, ceiling: int, expected: int) -> None:
     rng = random.Random(1)
-    fit = fed([(x, line_s(x)) for x in (rng.randint(1, 40) for _ in range(100))])
+    fit = fed([(x, line_s(x)) for x in (rng.randint(1, 3) for _ in range(100))])
     assert fit.limit(objective_s, floor, ceiling) == expected
 
 
@@ -179,7 +213,7 @@ def test_the_controller_guards_each_replica_by_its_learned_limit() -> None:
     assert guard is not None
     rng = random.Random(9)
     for _ in range(200):
-        x = rng.randint(1, 40)
+        x = rng.randint(1, 16)
         guard.observe("a", frozenset({MODEL}), x, line_s(x))
         guard.observe("untracked", frozenset({"no-objective"}), x, line_s(x))
     assert guard.limits == {"a": 16}
