@@ -120,8 +120,8 @@ class ItlGuard:
     """Per replica, the learned fit and the sequence limit it gives (``limits``, read on every
     admission decision, so it is kept up to date by ``observe`` rather than computed per read)."""
 
-    objectives_s: Mapping[str, float]
-    """The ITL objective of each model that has one (seconds)."""
+    objectives_s: Mapping[str, float | None]
+    """The ITL objective of each model named in ``admission.models`` (seconds; None: it has none)."""
     default_objective_s: float | None
     """The objective of models not named in ``objectives_s`` (``admission.default_model``)."""
     floor: int
@@ -133,11 +133,9 @@ class ItlGuard:
     @classmethod
     def from_config(cls, config: AdmissionConfig) -> ItlGuard | None:
         """The guard, or None when no model has an ITL objective (nothing to learn or enforce)."""
-        objectives_s = {
-            model: rules.itl_slo_s for model, rules in config.models.items() if rules.itl_slo_s is not None
-        }
+        objectives_s = {model: rules.itl_slo_s for model, rules in config.models.items()}
         default_s = config.default_model.itl_slo_s
-        if not objectives_s and default_s is None:
+        if default_s is None and all(objective is None for objective in objectives_s.values()):
             return None
         return cls(
             objectives_s,

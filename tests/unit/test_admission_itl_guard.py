@@ -193,6 +193,7 @@ def guarded_config(**fields: object) -> AdmissionConfig:
 
 def test_no_objective_no_guard() -> None:
     assert ItlGuard.from_config(AdmissionConfig()) is None
+    assert ItlGuard.from_config(AdmissionConfig(models={MODEL: ModelAdmissionConfig()})) is None
     assert AdmissionController(AdmissionConfig(), InMemoryLedger()).itl_guard is None
 
 
@@ -202,8 +203,13 @@ def test_the_tightest_objective_of_a_replicas_models_applies() -> None:
     assert guard.objective_s([OTHER]) == 0.05
     assert guard.objective_s([OTHER, MODEL]) == 0.0305
     assert guard.objective_s(["unlisted"]) is None
-    defaulted = ItlGuard.from_config(AdmissionConfig(default_model=ModelAdmissionConfig(itl_slo_s=0.1)))
+    defaulted = ItlGuard.from_config(
+        AdmissionConfig(
+            default_model=ModelAdmissionConfig(itl_slo_s=0.1), models={OTHER: ModelAdmissionConfig()}
+        )
+    )
     assert defaulted is not None and defaulted.objective_s(["unlisted"]) == 0.1
+    assert defaulted.objective_s([OTHER]) is None, "a listed model's own rules, as model_rules says"
 
 
 def test_the_controller_guards_each_replica_by_its_learned_limit() -> None:
