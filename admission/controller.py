@@ -2,7 +2,9 @@
 
 Admission decides *whether*; routing decides *where*. ``admit`` answers ``Admit`` with every
 routable replica that has KV room for the request's worst case and a slot under the
-inter-token-latency guard for each of its sequences (``vocabulary.capacity.fits``), ``Queue`` when
+inter-token-latency guard for each of its sequences (``vocabulary.capacity.fits``; the guard is
+the configured limit, or the limit learned against the model's ITL objective when lower,
+``admission.itl_guard``), ``Queue`` when
 the expected wait fits the request's budget (``admission.deadline``: the queue's limit, the client's
 timeout, the model's TTFT objective less its prefill), and a ``Refusal`` otherwise
 (``admission.refusals``): 429 with a Retry-After for overload, 503 when no replica can serve the
@@ -28,6 +30,7 @@ from admission.deadline import WaitBound, wait_budget
 from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Expired, Queue, Refusal
 from admission.disaggregation import handoff_candidates
 from admission.forecast import WaitForecast
+from admission.itl_guard import ItlGuard
 from admission.ledger import Ledger
 from admission.placement import after_promises, fleet_placer
 from admission.promises import PromiseBook, PromiseCounts
@@ -58,6 +61,8 @@ class AdmissionController:
         self._claimed = False
         """Set by ``_admit`` when the request claimed its promise: ``admit`` counts the outcome."""
         self._promises = PromiseBook(config.promise_grace_s)
+        self.itl_guard = ItlGuard.from_config(config)
+        """The learned inter-token-latency limits, None when no model has an ``itl_slo_s``."""
         self._forecast = WaitForecast(
             ledger,
             self.calibration,
@@ -363,6 +368,23 @@ class AdmissionController:
         return wait_budget(request, self.config, self.rates.prefill_tokens_per_s)
 
     def max_active(self, view: ReplicaView) -> int:
-        """The guard: the configured limit, or the replica's own sequence slots when fewer."""
+        """The guard: ``guard_sequences``, or the replica's own sequence slots when fewer."""
         limit = self.config.max_active_sequences_per_replica
+        guard = self.itl_guard
+        if guard is not None:
+            # ``guard_sequences`` written out: this runs for every replica of every room check.
+            learned = guard.limits.get(view.replica_id, limit)
+            if learned < limit:
+                limit = learned
         return view.max_sequences if 0 < view.max_sequences < limit else limit
+
+    def guard_sequences(self, replica_id: str) -> int:
+        """The inter-token-latency guard of one replica: ``max_active_sequences_per_replica``, or the
+        limit learned against the ITL objective (``admission.itl_guard``) when lower."""
+        limit = self.config.max_active_sequences_per_replica
+        guard = self.itl_guard
+        if guard is not None:
+            learned = guard.limits.get(replica_id, limit)
+            if learned < limit:
+                return learned
+        return limit

@@ -3,8 +3,9 @@ time-to-first-token objective.
 
 A client that will give up after ``t`` seconds gains nothing from waiting in our queue for longer,
 so its timeout (read from the request headers the config names) bounds the queue-wait budget; so
-does the model's TTFT objective, less the request's own prefill at the measured rate, since a
-request that waits past it is served too late to count. The first configured header present with a positive
+does the TTFT objective (its tenant's when the tenant has one, otherwise its model's), less the
+request's own prefill at the measured rate, since a request that waits past it is served too late
+to count. The first configured header present with a positive
 finite number wins; anything else is ignored rather than rejected, since the header is advisory.
 """
 
@@ -31,12 +32,15 @@ def wait_budget(
     request: AdmissionRequest, config: AdmissionConfig, prefill_tokens_per_s: float
 ) -> tuple[float, WaitBound]:
     """How long ``request`` may wait in the queue, and what bounds it: the queue's limit, the
-    client's own timeout, or the model's TTFT objective less the request's own prefill."""
+    client's own timeout, or the TTFT objective (the tenant's, else the model's) less the request's
+    own prefill."""
     budget_s, bound = config.max_queue_wait_s, WaitBound.QUEUE_LIMIT
     timeout_s = request.client_timeout_s
     if timeout_s is not None and timeout_s < budget_s:
         budget_s, bound = timeout_s, WaitBound.CLIENT_TIMEOUT
-    slo_s = config.model_rules(request.model).ttft_slo_s
+    slo_s = request.tenant.ttft_slo_s
+    if slo_s is None:
+        slo_s = config.model_rules(request.model).ttft_slo_s
     if slo_s is not None:
         slo_budget_s = slo_s - request.cost.prompt_tokens / prefill_tokens_per_s
         if slo_budget_s < budget_s:

@@ -68,8 +68,8 @@ def overload(
     model: str, expected_s: float, budget_s: float, bound: WaitBound, config: AdmissionConfig
 ) -> Refusal:
     """The expected wait is longer than the request may wait: the queue's limit (``kv_capacity``),
-    its client's timeout when that is shorter (``deadline``), or the model's time-to-first-token
-    objective less the request's own prefill when that is shorter still (``ttft_slo``)."""
+    its client's timeout when that is shorter (``deadline``), or its time-to-first-token objective
+    (its tenant's, else its model's) less its own prefill when that is shorter still (``ttft_slo``)."""
     wait = f"about {expected_s:.1f} s"
     if bound is WaitBound.CLIENT_TIMEOUT:
         text = (
@@ -79,7 +79,7 @@ def overload(
     elif bound is WaitBound.TTFT_SLO:
         text = (
             f"The expected wait for KV-cache capacity on '{model}' ({wait}) would leave this request "
-            f"past the model's time-to-first-token objective: it may wait {budget_s:.1f} s."
+            f"past its time-to-first-token objective: it may wait {budget_s:.1f} s."
         )
     else:
         text = (

@@ -26,10 +26,12 @@ class Tenant:
     weight: float = 1.0
     priority: PriorityClass = PriorityClass.STANDARD
     tokens_per_min: int | None = None
+    ttft_slo_s: float | None = None
+    """The tenant's own time-to-first-token objective, in place of the model's (``admission.deadline``)."""
 
     @classmethod
     def from_config(cls, config: TenantConfig) -> Tenant:
-        return cls(config.name, config.weight, config.priority, config.tokens_per_min)
+        return cls(config.name, config.weight, config.priority, config.tokens_per_min, config.ttft_slo_s)
 
 
 class TokenBucket:

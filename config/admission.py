@@ -71,6 +71,18 @@ class ModelAdmissionConfig(_Section):
             "fits at once is always admitted. Default none (the queue limits alone). Example: 2."
         ),
     )
+    itl_slo_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Inter-token-latency objective (seconds): each replica serving the model runs at most as "
+            "many sequences as keep its predicted inter-token latency within it, the prediction a line "
+            "learned per replica from its finished streams (admission.itl_guard), never more than "
+            "max_active_sequences_per_replica nor fewer than itl_guard_min_sequences; a replica "
+            "serving several models keeps the tightest. Default none (the static guard alone). "
+            "Example: 0.05."
+        ),
+    )
 
 
 class TenantConfig(_Section):
@@ -105,6 +117,16 @@ class TenantConfig(_Section):
         default=PriorityClass.STANDARD,
         description="Priority class of this tenant's requests (enum). Default 'standard'. "
         "Example: 'critical'.",
+    )
+    ttft_slo_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Time-to-first-token objective of this tenant's requests, in place of their model's "
+            "ttft_slo_s whatever the model (seconds): an interactive tenant may be refused sooner "
+            "than the model's objective would, a batch tenant may wait longer. Default none (the "
+            "model's). Example: 0.5."
+        ),
     )
 
     @model_validator(mode="before")
@@ -192,7 +214,16 @@ class AdmissionConfig(_Section):
         default=128,
         gt=0,
         description=(
-            "Inter-token-latency guard: admitted sequences per replica (count). Default 128. Example: 64."
+            "Inter-token-latency guard: admitted sequences per replica (count); with a model's "
+            "itl_slo_s, the most the learned limit may allow. Default 128. Example: 64."
+        ),
+    )
+    itl_guard_min_sequences: int = Field(
+        default=1,
+        gt=0,
+        description=(
+            "Fewest sequences a replica may run under a learned inter-token-latency limit, whatever "
+            "the objective, so a slow replica still serves (count). Default 1. Example: 4."
         ),
     )
     max_queue_wait_s: float = Field(
@@ -308,6 +339,11 @@ class AdmissionConfig(_Section):
                     f"{where}.default_max_tokens = {rules.default_max_tokens} tokens exceeds "
                     f"max_output_tokens_ceiling = {self.max_output_tokens_ceiling} tokens"
                 )
+        if self.itl_guard_min_sequences > self.max_active_sequences_per_replica:
+            problems.append(
+                f"itl_guard_min_sequences = {self.itl_guard_min_sequences} sequences exceeds "
+                f"max_active_sequences_per_replica = {self.max_active_sequences_per_replica} sequences"
+            )
         if self.auth_enabled and not self.tenants:
             problems.append("auth_enabled = true but no tenants are configured: every request would be 401")
         if problems:

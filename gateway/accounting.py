@@ -6,11 +6,13 @@ bound shrinks with them) and its end (``finished``, with the replica's usage and
 inter-token gaps). From them the ledger learns which prefill is done, the replica its smoothed TTFT
 (a cold replica is slower), the admission controller the measured inter-token latency and prefill
 rate (learned in ``admission.rates``: its forecasts of queue waits and of a request's own prefill
-against a TTFT objective run on them, not on constants) and how prompt counts and output lengths
-compare with its estimates, and the metrics every latency once. ``closed`` records a whole
-response's TTFT that never reached the metrics because sending it to the client failed. A
-disaggregated request's time to first token and prompt tokens are its prefill pool's (the phase
-that decides them), its inter-token latency and output tokens its decode pool's.
+against a TTFT objective run on them, not on constants), how prompt counts and output lengths
+compare with its estimates and, with an ITL objective, each replica's latency against the
+sequences it ran (``admission.itl_guard``: the sequences resident there are sampled at a stream's
+first token, at each produced report and at its end), and the metrics every latency once.
+``closed`` records a whole response's TTFT that never reached the metrics because sending it to
+the client failed. A disaggregated request's time to first token and prompt tokens are its prefill
+pool's (the phase that decides them), its inter-token latency and output tokens its decode pool's.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Accounting:
     ) -> None:
         self._ledger = state.ledger
         self._controller = controller
+        self._itl_guard = controller.itl_guard
         self._fleet = fleet
         self._metrics = metrics
 
@@ -51,6 +54,8 @@ class Accounting:
             request.ttft_s = ttft_s
         if request.prefill_replica is None:
             self._fleet.observe_ttft(replica, ttft_s)
+        if self._itl_guard is not None and request.stream:
+            self._sample_resident(request, replica.replica_id)
         if request.admission is not None:
             controller = self._controller
             served_s = ttft_s - (request.queue_wait_s or 0.0)
@@ -59,6 +64,17 @@ class Accounting:
 
     def produced(self, request: ProxyRequest, tokens: int) -> None:
         self._ledger.produced(request.request_id, tokens)
+        replica = request.replica
+        if self._itl_guard is not None and replica is not None:
+            self._sample_resident(request, replica.replica_id)
+
+    def _sample_resident(self, request: ProxyRequest, replica_id: str) -> None:
+        """Count the sequences resident on the request's replica now: the stream's mean over these
+        samples is the load its mean inter-token gap was measured under."""
+        load = self._ledger.loads.get(replica_id)
+        if load is not None:
+            request.resident_sequences_sum += load.resident_sequences
+            request.resident_sequences_samples += 1
 
     def finished(
         self,
@@ -73,6 +89,13 @@ class Accounting:
         controller = self._controller
         if itl_s is not None:
             controller.observe_rates(with_stream_itl(controller.rates, itl_s))
+            guard = self._itl_guard
+            if guard is not None:
+                self._sample_resident(request, replica.replica_id)
+                samples = request.resident_sequences_samples
+                if samples:
+                    sequences = request.resident_sequences_sum / samples
+                    guard.observe(replica.replica_id, replica.models, sequences, itl_s)
         admission = request.admission
         prompt_tokens = request.prompt_tokens
         output_tokens = request.completion_tokens or 0

@@ -128,8 +128,7 @@ class Gateway:
         return self._session
 
     def _demands(self) -> dict[str, ReplicaDemand]:
-        guard = self.config.admission.max_active_sequences_per_replica
-        return fleet_demands(self.state, self.path.dispatcher.controller, guard, self._clock())
+        return fleet_demands(self.state, self.path.dispatcher.controller, self._clock())
 
     def _unready_reason(self) -> str | None:
         """Why this gateway cannot serve, or None. The fleet's health is not a reason: with every

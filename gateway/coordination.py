@@ -186,12 +186,14 @@ class ClaimedLoads(Mapping[str, ReplicaLoad]):
 
 
 def fleet_demands(
-    state: GatewayState, controller: AdmissionController, guard_sequences: int, now_s: float
+    state: GatewayState, controller: AdmissionController, now_s: float
 ) -> dict[str, ReplicaDemand]:
     """This gateway's demand on every replica whose capacity is known: what its reservations use
     there, and its unmet demand (queued, and refused with a promise) spread by capacity."""
     capacities = {
-        r.replica_id: replica_capacity(r.kv_capacity_tokens, r.max_sequences, guard_sequences)
+        r.replica_id: replica_capacity(
+            r.kv_capacity_tokens, r.max_sequences, controller.guard_sequences(r.replica_id)
+        )
         for r in state.replicas.values()
         if r.kv_capacity_tokens > 0
     }

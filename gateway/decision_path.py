@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from admission.controller import AdmissionController
+from admission.itl_guard import ItlGuard
 from config.schema import GatewayConfig
 from gateway.accounting import Accounting
 from gateway.dispatcher import Dispatcher
@@ -43,6 +44,10 @@ class DecisionPath:
     ) -> DecisionPath:
         controller = AdmissionController(config.admission, state.ledger)
         metrics.bind_promises(lambda: controller.promise_counts)
+        guard = controller.itl_guard
+        if guard is not None:
+            metrics.bind_itl_guard(lambda: _itl_limits(state, guard))
+            state.removal_listeners.append(guard.forget)
         router = Router(config.routing, random.Random(config.routing.seed))
         fleet = Fleet(state, config, metrics, router, clock)
         for pool in config.pools:
@@ -57,3 +62,13 @@ class DecisionPath:
             Accounting(state, controller, fleet, metrics),
             metrics,
         )
+
+
+def _itl_limits(state: GatewayState, guard: ItlGuard) -> list[tuple[str, str, int]]:
+    """Each replica's learned limit under its pool and name (a metric never carries a URL)."""
+    replicas = state.replicas
+    return [
+        (replica.pool, replica.name, limit)
+        for replica_id, limit in guard.limits.items()
+        if (replica := replicas.get(replica_id)) is not None
+    ]

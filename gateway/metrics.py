@@ -44,7 +44,7 @@ from gateway.pool_work import PoolWork, PoolWorkSource
 from gateway.signals_window import Clock, SignalsWindow
 from gateway.sliding_windows import CountWindow, LatencyWindow, ServedWindow
 from gateway.state import ReplicaState
-from gateway.state_gauges import BuildInfo, CoordinationGauges, PromiseCounters, WorkGauges
+from gateway.state_gauges import BuildInfo, CoordinationGauges, ItlGuardGauges, PromiseCounters, WorkGauges
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +306,11 @@ class GatewayMetrics:
     def bind_promises(self, counts: Callable[[], PromiseCounts]) -> None:
         """Export ``kvgate_promises_total``, read from ``counts`` at every scrape."""
         self.registry.register(PromiseCounters(counts))
+
+    def bind_itl_guard(self, limits: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Export ``kvgate_itl_guard_sequences``, read from ``limits`` (pool, replica name, limit)
+        at every scrape."""
+        self.registry.register(ItlGuardGauges(limits))
 
     def bind_coordination(self, status: Callable[[], CoordinationStatus]) -> None:
         """Export the coordination gauges, asking ``status`` at every scrape; the error kinds start at 0."""

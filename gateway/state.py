@@ -136,6 +136,10 @@ class ProxyRequest:
     the pair (``Model.disaggregated_share``); None when its model is served one way only."""
     prefill_replica: ReplicaState | None = None
     """The prefill replica that handed this request's KV to a decode replica, once one did."""
+    resident_sequences_sum: int = 0
+    """With an ITL objective: the sequences resident on its replica, summed over the samples taken
+    while it streamed (first token, every produced report, the end)."""
+    resident_sequences_samples: int = 0
 
 
 def retries(request: ProxyRequest) -> int:

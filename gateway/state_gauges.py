@@ -48,6 +48,8 @@ COORDINATION_SERIES = (
     "kvgate_coordination_claim_sequences",
 )
 """Exported only when Redis coordination is configured (``bind_coordination``)."""
+ITL_GUARD_GAUGES = ("kvgate_itl_guard_sequences",)
+"""Exported only when a model has an ITL objective (``bind_itl_guard``)."""
 PROMISE_OUTCOMES = ("made", "kept", "broken", "lapsed")
 """What became of a promised slot (``admission.promises.PromiseCounts``)."""
 
@@ -231,6 +233,29 @@ class PromiseCounters(Collector):
         )
         for outcome in PROMISE_OUTCOMES:
             family.add_metric([outcome], float(getattr(counts, outcome)))
+        return [family]
+
+
+class ItlGuardGauges(Collector):
+    """``kvgate_itl_guard_sequences``: each replica's learned sequence limit, read at scrape time."""
+
+    def __init__(self, limits: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self._limits = limits
+        """(pool, replica name, limit) of every replica the guard has learned about."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "kvgate_itl_guard_sequences",
+            "Most sequences a replica may run while its predicted inter-token latency meets the "
+            "model's objective, learned from its streams (max_active_sequences_per_replica until "
+            "enough streams were seen).",
+            labels=["pool", "replica"],
+        )
+        for pool, replica, sequences in sorted(self._limits()):
+            family.add_metric([pool, replica], float(sequences))
         return [family]
 
 

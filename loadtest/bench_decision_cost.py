@@ -1,4 +1,5 @@
-"""What coordination costs a request that fits: the admission decision with and without claims.
+"""What coordination and the ITL objective cost a request that fits: the admission decision with and
+without claims, and with learned inter-token-latency limits.
 
 In one process, on the real decision path (``DecisionPath``: ``Dispatcher.admit`` over the
 ``Fleet``'s snapshot, routing, the reservation, then ``Dispatcher.release``), one priced request is
@@ -6,8 +7,10 @@ admitted and released over and over, alternating rounds between a gateway alone 
 and a gateway holding claims as one of 2 and of 4 (its ``RedisCoordinator`` as after a good sync:
 ``foreign_loads`` is what lies outside its claims). No Redis is involved: by design a request that
 fits its claim makes no round trip, so what is measured is all a coordinated request pays on the
-hot path. Printed: median and p99 microseconds per decision (admit + release) per setting, and the
-ratio to the gateway alone, from the same run. Not a test.
+hot path. A fourth setting is a gateway alone whose model has ``itl_slo_s``, every replica with a
+learned limit above the load (``admission.itl_guard``), so every room check reads it. Printed:
+median and p99 microseconds per decision (admit + release) per setting, and the ratio to the
+gateway alone, from the same run. Not a test.
 
     python -m loadtest.bench_decision_cost [--rounds 20] [--decisions 2000] [--replicas 8]
 """
@@ -36,7 +39,8 @@ KV_CAPACITY_TOKENS = 400_000
 GUARD = 128
 
 
-def _config(replicas: int) -> Any:
+def _config(replicas: int, itl_slo_s: float | None) -> Any:
+    admission = {} if itl_slo_s is None else {"models": {"m": {"itl_slo_s": itl_slo_s}}}
     return parse_config(
         {
             "models": [
@@ -55,13 +59,14 @@ def _config(replicas: int) -> Any:
                 }
             ],
             "routing": {"seed": 1, "warmup_s": 0},
+            "admission": admission,
         },
         {},
     )
 
 
-def _path(replicas: int, gateways: int) -> tuple[DecisionPath, GatewayState]:
-    config = _config(replicas)
+def _path(replicas: int, gateways: int, itl_slo_s: float | None) -> tuple[DecisionPath, GatewayState]:
+    config = _config(replicas, itl_slo_s)
     state = GatewayState.from_config(config)
     metrics = GatewayMetrics(clock=time.monotonic, window_s=60.0)
     path = DecisionPath.build(state, config, metrics, time.monotonic)
@@ -77,6 +82,12 @@ def _path(replicas: int, gateways: int) -> tuple[DecisionPath, GatewayState]:
         coordinator._foreign = ClaimedLoads(coordinator.book.others_load())
         coordinator.last_sync_s = time.monotonic() + 3600.0
         path.fleet.foreign_loads = coordinator.foreign_loads
+    guard = path.dispatcher.controller.itl_guard
+    if guard is not None:
+        for replica in state.replicas.values():
+            for sequences in range(1, 33):
+                guard.observe(replica.replica_id, replica.models, sequences, 0.01 + 0.0005 * sequences)
+        assert all(1 < limit < GUARD for limit in guard.limits.values()), guard.limits
     return path, state
 
 
@@ -109,8 +120,13 @@ async def main() -> None:
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--replicas", type=int, default=8)
     args = parser.parse_args()
-    settings = {"1 gateway, no Redis": 1, "1 of 2 with claims": 2, "1 of 4 with claims": 4}
-    paths = {name: _path(args.replicas, n) for name, n in settings.items()}
+    settings: dict[str, tuple[int, float | None]] = {
+        "1 gateway, no Redis": (1, None),
+        "1 of 2 with claims": (2, None),
+        "1 of 4 with claims": (4, None),
+        "1 gateway, itl_slo_s": (1, 0.05),
+    }
+    paths = {name: _path(args.replicas, n, itl_slo_s) for name, (n, itl_slo_s) in settings.items()}
     requests = {name: await _request(path) for name, (path, _) in paths.items()}
     samples: dict[str, list[float]] = {name: [] for name in settings}
     for i in range(args.rounds):

@@ -1,4 +1,5 @@
-"""The prefill rate admission forecasts with is learned from the first tokens replicas deliver."""
+"""The prefill rate admission forecasts with is learned from the first tokens replicas deliver; with
+an ITL objective, each stream's latency is learned against the sequences its replica ran."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import asyncio
 
 import pytest
 
+from admission.cost import CostEstimate
 from config.loader import parse_config
 from gateway.decision_path import DecisionPath
 from gateway.dispatcher import Route
@@ -21,13 +23,16 @@ class Clock:
         return self.now_s
 
 
-def routed(words: int) -> tuple[DecisionPath, ProxyRequest, Route, Clock]:
+def routed(
+    words: int, stream: bool = False, admission: dict[str, object] | None = None
+) -> tuple[DecisionPath, ProxyRequest, Route, Clock, GatewayState]:
     config = parse_config(
         {
             "models": [
                 {"name": "m", "max_model_len": 65536, "kv_bytes_per_token": 1, "tokenizer": {"kind": "bytes"}}
             ],
             "pools": [{"name": "p", "replicas": ["http://10.0.0.1:8000"], "kv_capacity_tokens": 100_000}],
+            "admission": admission or {},
         },
         {},
     )
@@ -37,7 +42,7 @@ def routed(words: int) -> tuple[DecisionPath, ProxyRequest, Route, Clock]:
     for replica in state.replicas.values():
         path.fleet.observe_outcome(replica, Outcome.SUCCESS)
     body = {"model": "m", "prompt": "word " * words, "max_tokens": 8}
-    request = ProxyRequest("r", "r", "/v1/completions", "m", False, body, b"{}", [], [])
+    request = ProxyRequest("r", "r", "/v1/completions", "m", stream, body, b"{}", [], [])
 
     async def admit() -> Route:
         request.arrived_s = clock()
@@ -46,11 +51,11 @@ def routed(words: int) -> tuple[DecisionPath, ProxyRequest, Route, Clock]:
         assert isinstance(route, Route)
         return route
 
-    return path, request, asyncio.run(admit()), clock
+    return path, request, asyncio.run(admit()), clock, state
 
 
 def test_a_long_prompt_first_token_teaches_the_prefill_rate() -> None:
-    path, request, route, clock = routed(words=4000)
+    path, request, route, clock, _ = routed(words=4000)
     controller = path.dispatcher.controller
     assert controller.rates.prefill_tokens_per_s == 8000.0, "the configured default until observed"
     assert request.admission is not None
@@ -62,7 +67,36 @@ def test_a_long_prompt_first_token_teaches_the_prefill_rate() -> None:
 
 
 def test_a_short_prompt_says_nothing_about_prefill_speed() -> None:
-    path, request, route, clock = routed(words=20)
+    path, request, route, clock, _ = routed(words=20)
     clock.now_s += 0.5
     path.accounting.first_token(request, route.replica, clock())
     assert path.dispatcher.controller.rates.prefill_tokens_per_s == 8000.0
+
+
+def test_a_stream_teaches_the_itl_guard_its_latency_at_the_sequences_resident_while_it_ran() -> None:
+    admission = {"models": {"m": {"itl_slo_s": 0.05}}}
+    path, request, route, clock, state = routed(words=20, stream=True, admission=admission)
+    guard = path.dispatcher.controller.itl_guard
+    assert guard is not None
+    replica_id = route.replica.replica_id
+    ledger = state.ledger
+    request.replica = route.replica  # as the proxy sets it when it sends the request
+    path.accounting.first_token(request, route.replica, clock())  # alone: 1
+    for other in ("o1", "o2"):
+        ledger.reserve(other, replica_id, CostEstimate("m", 10, 10, 65536), clock())
+    path.accounting.produced(request, 16)  # with two others: 3
+    ledger.release("o1")
+    path.accounting.finished(request, route.replica, 0.02, clock())  # with one: 2
+    fit = guard.fits[replica_id]
+    assert (fit.observations, fit.sum_sequences, fit.sum_itl_s) == (1, pytest.approx(2.0), 0.02)
+    assert guard.limits == {replica_id: 128}, "one stream is not enough to move the guard"
+
+
+def test_without_an_itl_objective_nothing_is_sampled() -> None:
+    path, request, route, clock, _ = routed(words=20, stream=True)
+    assert path.dispatcher.controller.itl_guard is None
+    request.replica = route.replica
+    path.accounting.first_token(request, route.replica, clock())
+    path.accounting.produced(request, 16)
+    path.accounting.finished(request, route.replica, 0.02, clock())
+    assert request.resident_sequences_samples == 0

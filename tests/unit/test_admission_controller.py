@@ -402,6 +402,29 @@ def test_a_request_is_queued_only_while_its_wait_and_prefill_meet_the_ttft_objec
     assert "time-to-first-token objective" in refused.message
 
 
+def test_a_tenants_own_ttft_objective_takes_the_place_of_the_models() -> None:
+    """The model allows 10 s; an interactive tenant's 1 s refuses at once what would queue, a batch
+    tenant's 60 s queues (up to the queue's own limit) what the model's objective would refuse."""
+    fleet = slo_fleet(ttft_slo_s=10.0)
+    interactive = Tenant("interactive", ttft_slo_s=1.0)
+    refused = fleet.admit(req(500, 100, interactive))
+    assert isinstance(refused, Refusal) and refused.reason is RefusalReason.TTFT_SLO
+    queued = fleet.admit(req(500, 100))
+    assert isinstance(queued, Queue)
+    assert queued.expires_at_s == pytest.approx(10.0 - 500 / 10_000), "no tenant objective: the model's"
+    patient = slo_fleet(ttft_slo_s=0.5)
+    assert isinstance(patient.admit(req(500, 100)), Refusal)
+    waiting = patient.admit(req(500, 100, Tenant("batch", ttft_slo_s=60.0)))
+    assert isinstance(waiting, Queue)
+    assert waiting.expires_at_s == pytest.approx(30.0), "the queue's own limit still bounds it"
+
+
+def test_a_tenants_ttft_objective_comes_from_its_config() -> None:
+    config = AdmissionConfig(tenants=(TenantConfig(name="interactive", api_keys=("k",), ttft_slo_s=0.5),))
+    tenant = AdmissionController(config, InMemoryLedger()).tenants.identify("k")
+    assert tenant is not None and tenant.ttft_slo_s == 0.5
+
+
 def test_a_request_that_fits_at_once_is_admitted_whatever_its_own_prefill() -> None:
     config = AdmissionConfig(models={MODEL: ModelAdmissionConfig(ttft_slo_s=0.01)})
     assert isinstance(Fleet(config, {"a": 100_000}).admit(req(50_000, 10)), Admit)
