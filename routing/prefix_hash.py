@@ -3,7 +3,8 @@
 Block ``i``'s hash covers the hash of block ``i - 1`` and block ``i``'s tokens, so equal hashes
 mean equal prefixes up to that block, and a lookup can stop at the first miss. Only full blocks are
 hashed: a partial last block is never shared. Integer tuples hash identically in every process, so
-the gateway's index and the simulator's cache agree without a shared salt.
+the gateway's index and the simulator's cache agree without a shared salt. A long prompt's ids can
+be hashed run by run as they are counted (``BlockHasher``), so they need never be held all at once.
 """
 
 from __future__ import annotations
@@ -21,3 +22,24 @@ def block_hashes(token_ids: Sequence[int], block_size: int = BLOCK_SIZE_TOKENS) 
         parent = hash((parent, tuple(token_ids[start : start + block_size])))
         hashes.append(parent)
     return hashes
+
+
+class BlockHasher:
+    """``block_hashes`` of ids given in consecutive runs: after ``add(a)``, ``add(b)``, ``hashes`` is
+    ``block_hashes(a + b)``. A run's tokens past its last full block wait for the next run."""
+
+    def __init__(self, block_size: int = BLOCK_SIZE_TOKENS) -> None:
+        self.block_size = block_size
+        self.hashes: list[int] = []
+        self._pending: list[int] = []
+
+    def add(self, token_ids: Sequence[int]) -> None:
+        size = self.block_size
+        ids = [*self._pending, *token_ids] if self._pending else token_ids
+        whole = len(ids) - len(ids) % size
+        hashes = self.hashes
+        parent = hashes[-1] if hashes else _ROOT_HASH
+        for start in range(0, whole, size):
+            parent = hash((parent, tuple(ids[start : start + size])))
+            hashes.append(parent)
+        self._pending = list(ids[whole:])
