@@ -2,29 +2,33 @@
 
 Three kinds of process: simulated replicas (``kvgate sim``, real time), one gateway per checkout
 (``kvgate serve`` on uvloop, configured as ``kvgate up`` configures it: admission on, kvgate routing,
-a text access log), and this driver. Eight closed-loop clients send short chats (``max_tokens`` 8)
-while two phases alternate: quiet (the small clients alone) and huge (a ~1 MB chat prompt every
-0.5 s beside them). By default the huge prompt is over the model's 128k-token context, so it ends
-in a 400 (``over``); with ``--fits`` the model's window is made large enough and the pool's KV
-capacity too small for it, so it is counted in full and then refused by admission (``fits``).
+a text access log), and this driver. Eight closed-loop clients send short chats (``max_tokens`` 2)
+while two phases alternate: quiet (the small clients alone) and huge (a 1 MB chat prompt every
+0.5 s beside them). In ``--variant over`` the huge prompt is over the model's 128k-token context,
+so it ends in a 400; in ``--variant fits`` the model's window is made large enough and the pool's
+KV capacity too small for it, so it is counted in full and then refused by admission.
 
 ``--checkout DIR`` (repeatable) runs a gateway from each source tree, all of them at once in front of
-the same replicas, and drives them in turn, round after round (A quiet, A huge, B quiet, B huge, A
-quiet, ...), so an old and a new gateway are compared in one run on one machine; e.g. with
-``git archive main | tar -x -C /tmp/old``. Prints each phase as it ends, then small-request p50/p99
-per checkout and phase and the p99 the huge prompts add. ``--py-spy FILE`` records the (first)
-gateway with py-spy, for finding where the added latency comes from.
+the same replicas, and drives them in turn, round after round (A quiet, A huge, B quiet, B huge,
+then A huge, A quiet, ...: the order flips each round so a drift favours no phase), so an old and a
+new gateway are compared in one run on one machine; e.g. with ``git archive main | tar -x -C
+/tmp/old``. Prints each phase as it ends, then small-request p50/p99 per checkout and phase and the
+p99 the huge prompts add. ``--up`` runs ``kvgate up`` instead (the replicas in the gateway's own
+process and event loop), as someone trying kvgate would. ``--py-spy FILE`` records the first
+gateway with py-spy (raw stacks of the threads holding the GIL), to find where the time goes.
 
-    python -m loadtest.bench_neighbours [--rounds 4] [--phase-s 5] [--fits] [--checkout DIR ...]
+    python -m loadtest.bench_neighbours [--rounds 4] [--phase-s 5] [--variant over|fits|both]
+        [--checkout DIR ...] [--up] [--py-spy FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,13 +57,15 @@ SETTLE_S = 1.0
 WINDOW_TOKENS = 131_072
 FITS_WINDOW_TOKENS = 1 << 22
 FITS_KV_CAPACITY_TOKENS = 200_000
-"""Under the huge prompt's ~275k tokens, so ``--fits`` ends in admission's 400 after a full count."""
+"""Under the huge prompt's ~260k tokens, so ``fits`` ends in admission's 400 after a full count."""
 HEADERS = {"content-type": "application/json"}
 
 
 @dataclass
 class Phase:
+    variant: str
     checkout: str
+    round: int
     huge: bool
     latencies_s: list[float] = field(default_factory=list)
     small_statuses: Counter[int] = field(default_factory=Counter)
@@ -201,7 +207,8 @@ async def _phase(
 def _describe(phase: Phase) -> str:
     p50_ms, p99_ms = (quantile(phase.latencies_s, q) * 1e3 for q in (0.5, 0.99))
     line = (
-        f"{phase.checkout:<10} {'huge' if phase.huge else 'quiet':<6} small n={len(phase.latencies_s):>5} "
+        f"{phase.variant:<5} {phase.checkout:<8} {'huge' if phase.huge else 'quiet':<6} "
+        f"small n={len(phase.latencies_s):>5} "
         f"p50 {p50_ms:6.1f} ms p99 {p99_ms:6.1f} ms"
     )
     if phase.huge:
@@ -214,11 +221,12 @@ async def run(
     checkouts: list[Path],
     rounds: int,
     phase_s: float,
-    fits: bool,
+    variant: str,
     size_bytes: int,
     py_spy_out: str | None,
     up: bool = False,
 ) -> list[Phase]:
+    fits = variant == "fits"
     prompt = make_prompt(size_bytes)
     huge_body = orjson.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
@@ -231,7 +239,8 @@ async def run(
     names = [checkout.name or str(checkout) for checkout in checkouts]
     phases: list[Phase] = []
     with processes() as started, tempfile.TemporaryDirectory() as config_dir:
-        started.append(subprocess.Popen(sim, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        if not up:
+            started.append(subprocess.Popen(sim, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         urls = []
         for i, checkout in enumerate(checkouts):
             port = free_ports()
@@ -247,7 +256,7 @@ async def run(
             aiohttp.ClientSession(connector=connector) as small,
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as huge,
         ):
-            for url in [*replica_urls, *urls]:
+            for url in [*([] if up else replica_urls), *urls]:
                 await wait_until_ok(small, url + ("/readyz" if url in urls else "/health"))
             print(
                 f"{replicas} simulated replicas (time scale 1); {len(urls)} gateway(s): "
@@ -258,32 +267,47 @@ async def run(
                 flush=True,
             )
             for name, url in zip(names, urls, strict=True):
-                await _phase(small, huge, url + "/v1/chat/completions", None, Phase(name, False), 2.0)
+                warm_up = Phase(variant, name, 0, False)
+                await _phase(small, huge, url + "/v1/chat/completions", None, warm_up, 2.0)
             for i in range(rounds):
                 for name, url in zip(names, urls, strict=True):
                     for with_huge in (False, True) if i % 2 == 0 else (True, False):
-                        phase = Phase(name, with_huge)
+                        phase = Phase(variant, name, i, with_huge)
                         body = huge_body if with_huge else None
                         await _phase(small, huge, url + "/v1/chat/completions", body, phase, phase_s)
                         phases.append(phase)
                         print(f"round {i + 1}/{rounds} {_describe(phase)}", flush=True)
         if py_spy_out:
-            with contextlib.suppress(IndexError):
-                started[1].send_signal(2)
-                started[1].wait(60)
+            profiled = started[0 if up else 1]
+            profiled.send_signal(signal.SIGINT)
+            profiled.wait(60)
     return phases
 
 
 def summarize(phases: list[Phase]) -> None:
-    print(f"\n{'gateway':<10} {'phase':<6} {'small n':>8} {'p50 ms':>8} {'p99 ms':>8} {'added p99 ms':>13}")
-    for name in dict.fromkeys(p.checkout for p in phases):
-        quiet = [x for p in phases if p.checkout == name and not p.huge for x in p.latencies_s]
-        huge = [x for p in phases if p.checkout == name and p.huge for x in p.latencies_s]
+    """Small-request p50/p99 per gateway and phase over all rounds, and the p99 the huge prompts add:
+    over all rounds, and the median of each round's own difference (huge minus quiet, next to each
+    other in time), which a burst of load from outside the run moves far less."""
+    print(
+        f"\n{'variant':<8} {'gateway':<10} {'phase':<6} {'small n':>8} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'added p99 ms':>13} {'per round, median':>18}"
+    )
+    for variant, name in dict.fromkeys((p.variant, p.checkout) for p in phases):
+        mine = [p for p in phases if p.variant == variant and p.checkout == name]
+        quiet = [x for p in mine if not p.huge for x in p.latencies_s]
+        huge = [x for p in mine if p.huge for x in p.latencies_s]
         added_ms = (quantile(huge, 0.99) - quantile(quiet, 0.99)) * 1e3
-        for label, values, extra in (("quiet", quiet, ""), ("huge", huge, f"{added_ms:>+13.1f}")):
+        per_round_ms = [
+            (quantile(h.latencies_s, 0.99) - quantile(q.latencies_s, 0.99)) * 1e3
+            for q in mine
+            for h in mine
+            if not q.huge and h.huge and q.round == h.round
+        ]
+        for label, values in (("quiet", quiet), ("huge", huge)):
+            extra = f"{added_ms:>+13.1f} {statistics.median(per_round_ms):>+18.1f}" if label == "huge" else ""
             print(
-                f"{name:<10} {label:<6} {len(values):>8} {quantile(values, 0.5) * 1e3:>8.1f} "
-                f"{quantile(values, 0.99) * 1e3:>8.1f} {extra}"
+                f"{variant:<8} {name:<10} {label:<6} {len(values):>8} {quantile(values, 0.5) * 1e3:>7.1f} "
+                f"{quantile(values, 0.99) * 1e3:>7.1f} {extra}"
             )
     errors = Counter(s for p in phases for s in p.small_statuses.elements() if s != 200)
     if errors:
@@ -294,7 +318,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--phase-s", type=float, default=5.0, help="seconds per phase")
-    parser.add_argument("--fits", action="store_true", help="the huge prompt fits the model's context")
+    parser.add_argument(
+        "--variant",
+        choices=("over", "fits", "both"),
+        default="both",
+        help="the huge prompt over the model's context, fitting it, or each in turn",
+    )
     parser.add_argument("--size-mb", type=float, default=1.0, help="huge prompt size (MB, 10^6 bytes)")
     parser.add_argument(
         "--checkout",
@@ -305,10 +334,15 @@ def main() -> None:
     parser.add_argument("--up", action="store_true", help="kvgate up (replicas in the gateway's process)")
     parser.add_argument("--py-spy", metavar="FILE", help="record the first gateway with py-spy into FILE")
     args = parser.parse_args()
+    if args.up and args.variant != "over":
+        parser.error("--up runs kvgate up's own model window: only --variant over")
     checkouts = [c.resolve() for c in args.checkout or [Path.cwd()]]
-    phases = asyncio.run(
-        run(checkouts, args.rounds, args.phase_s, args.fits, int(args.size_mb * 1e6), args.py_spy, args.up)
-    )
+    phases = []
+    for variant in ("over", "fits") if args.variant == "both" else (args.variant,):
+        size_bytes = int(args.size_mb * 1e6)
+        phases += asyncio.run(
+            run(checkouts, args.rounds, args.phase_s, variant, size_bytes, args.py_spy, args.up)
+        )
     summarize(phases)
 
 
