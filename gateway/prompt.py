@@ -1,11 +1,11 @@
-"""The prompt's token ids, counted the way each model's config says.
+"""The prompt's tokens (count and prefix block hashes), counted the way each model's config says.
 
 Tokenisers come from the top-level ``models[]`` entries (the one home of model facts). A local
 tokeniser runs inline for small prompts and in a worker thread above ``OFF_LOOP_TEXT_BYTES`` of text,
 so one huge prompt never stalls every other request on the event loop. Prompts counted inline are
 remembered, by model and text, in a bounded least-recently-used map (``CACHED_PROMPTS``): a repeated
 prompt (a system prompt, a retried or replayed request) costs one dictionary lookup instead of a
-tokenisation. The ids handed out are shared between requests and never mutated. Kind ``replica``
+tokenisation and a hashing. Kind ``replica``
 asks a replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
 
 Counting a large prompt is bounded, because an 8 MB prompt costs seconds of CPU: at most the
@@ -50,8 +50,8 @@ CACHED_PROMPTS = 1024
 @dataclass(frozen=True, slots=True)
 class PromptTokens:
     """A prompt as pricing and routing see it: its token count and its full blocks' chained hashes
-    (``routing.prefix_hash``). A prompt counted to the model's window or past it has no blocks: it
-    is refused as over the context, so nothing routes it."""
+    (``routing.prefix_hash``). A prompt counted off the event loop to the model's window or past it
+    has no blocks: it is refused as over the context, so nothing routes it."""
 
     count: int
     block_hashes: tuple[int, ...]
@@ -62,7 +62,7 @@ class PromptTokens:
 
 
 class PromptEncoder:
-    """Token ids of a request body, per model."""
+    """A request body's prompt counted (``PromptTokens``), per model."""
 
     def __init__(self, models: Sequence[Model]) -> None:
         self._local = {m.name: (tokenizer_for(m.tokenizer), template_for(m.chat_template)) for m in models}
