@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
@@ -314,6 +315,80 @@ def summarize(phases: list[Phase]) -> None:
         print(f"small requests not answered 200: {dict(errors)}")
 
 
+async def _stalls(variant: str, prompts: int) -> list[float]:
+    """In this process, on uvloop: the longest a 1 ms ticker oversleeps while the gateway's own prompt
+    encoder counts each of ``prompts`` huge prompts (its body parsed on the loop first, as the proxy
+    does, and its block hashes taken as pricing then does): how long a small request beside it can
+    be held up. Uses only seams an older checkout has too (``PromptEncoder.encode`` returned the ids
+    there, hashed by pricing on the loop), so each checkout's child runs its own code."""
+    from config.schema import Model
+    from gateway.prompt import PromptEncoder
+    from routing.prefix_hash import block_hashes
+
+    window = FITS_WINDOW_TOKENS if variant == "fits" else WINDOW_TOKENS
+    model = Model.model_validate({"name": MODEL, "max_model_len": window, "kv_bytes_per_token": 131072})
+    encoder = PromptEncoder([model])
+    raw = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": make_prompt(1_000_000)}]})
+    lags_s: list[float] = []
+    stop = asyncio.Event()
+
+    async def tick() -> None:
+        while not stop.is_set():
+            start = time.perf_counter()
+            await asyncio.sleep(0.001)
+            lags_s.append(time.perf_counter() - start - 0.001)
+
+    stalls_s = []
+    async with aiohttp.ClientSession() as session:
+        await encoder.encode(MODEL, {"model": MODEL, "prompt": "warm up"}, 7, session, "")
+        ticker = asyncio.create_task(tick())
+        for _ in range(prompts):
+            await asyncio.sleep(0.05)
+            lags_s.clear()
+            body = orjson.loads(raw)
+            counted: Any = await encoder.encode(MODEL, body, len(raw), session, "")
+            blocks = tuple(block_hashes(counted)) if isinstance(counted, list) else counted.block_hashes
+            del counted, blocks, body
+            await asyncio.sleep(0.005)
+            stalls_s.append(max(lags_s, default=0.0))
+        stop.set()
+        await ticker
+    return stalls_s
+
+
+def _lag_child(variant: str, prompts: int) -> None:
+    import uvloop
+
+    print(orjson.dumps(uvloop.run(_stalls(variant, prompts))).decode())
+
+
+def loop_lag(checkouts: list[Path], rounds: int, prompts: int) -> None:
+    """Each checkout's encoder in a child process of its own, alternated ``rounds`` times per variant;
+    prints the stall per huge prompt (the ticker's longest oversleep while it is handled): median,
+    p90 and max per checkout and variant."""
+    print(f"event-loop stall per 1 MB prompt counted by the gateway's encoder, {prompts} prompts a child")
+    stalls: dict[tuple[str, str], list[float]] = {}
+    for i in range(rounds):
+        for variant in ("over", "fits"):
+            for checkout in checkouts:
+                env = {**os.environ, "PYTHONPATH": str(checkout)}
+                command = [sys.executable, __file__, "--lag-child", variant, "--prompts", str(prompts)]
+                out = subprocess.run(command, cwd=checkout, env=env, capture_output=True, check=True).stdout
+                these = orjson.loads(out.splitlines()[-1])
+                stalls.setdefault((variant, checkout.name), []).extend(these)
+                print(
+                    f"round {i + 1}/{rounds} {variant:<5} {checkout.name:<8} stall median "
+                    f"{statistics.median(these) * 1e3:6.2f} ms max {max(these) * 1e3:6.2f} ms",
+                    flush=True,
+                )
+    print(f"\n{'variant':<8} {'gateway':<10} {'prompts':>7} {'median ms':>10} {'p90 ms':>7} {'max ms':>7}")
+    for (variant, name), values in stalls.items():
+        print(
+            f"{variant:<8} {name:<10} {len(values):>7} {statistics.median(values) * 1e3:>10.2f} "
+            f"{quantile(values, 0.9) * 1e3:>7.2f} {max(values) * 1e3:>7.2f}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=4)
@@ -333,7 +408,20 @@ def main() -> None:
     )
     parser.add_argument("--up", action="store_true", help="kvgate up (replicas in the gateway's process)")
     parser.add_argument("--py-spy", metavar="FILE", help="record the first gateway with py-spy into FILE")
+    parser.add_argument(
+        "--loop-lag",
+        action="store_true",
+        help="instead: the event-loop stall per huge prompt counted by each checkout's encoder, in-process",
+    )
+    parser.add_argument("--prompts", type=int, default=10, help="--loop-lag: prompts per child")
+    parser.add_argument("--lag-child", choices=("over", "fits"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.lag_child:
+        _lag_child(args.lag_child, args.prompts)
+        return
+    if args.loop_lag:
+        loop_lag([c.resolve() for c in args.checkout or [Path.cwd()]], args.rounds, args.prompts)
+        return
     if args.up and args.variant != "over":
         parser.error("--up runs kvgate up's own model window: only --variant over")
     checkouts = [c.resolve() for c in args.checkout or [Path.cwd()]]
