@@ -105,55 +105,30 @@ def _gateway_config(replica_urls: list[str], port: int, fits: bool) -> dict[str,
     }
 
 
-def _start_gateway(
-    checkout: Path, config: dict[str, object], config_dir: Path, py_spy_out: str | None
-) -> subprocess.Popen[bytes]:
-    path = config_dir / f"gateway-{len(list(config_dir.iterdir()))}.json"
-    path.write_bytes(orjson.dumps(config))
-    command = [KVGATE, "serve", "--config", str(path), "--log-level", "warning"]
+def _spawn(checkout: Path, command: list[str], py_spy_out: str | None) -> subprocess.Popen[bytes]:
+    """``command`` run from ``checkout``'s sources; under py-spy (raw stacks of the threads holding
+    the GIL) when ``py_spy_out`` names its output."""
     if py_spy_out:
         py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        command = [
-            py_spy,
-            "record",
-            "-o",
-            py_spy_out,
-            "-f",
-            "raw",
-            "--gil",
-            "--threads",
-            "-r",
-            "500",
-            "--",
-            *command,
-        ]
+        profile = ["record", "-o", py_spy_out, "-f", "raw", "--gil", "--threads", "-r", "500", "--"]
+        command = [py_spy, *profile, *command]
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     return subprocess.Popen(
         command, cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
 
+def _start_gateway(
+    checkout: Path, config: dict[str, object], config_dir: Path, py_spy_out: str | None
+) -> subprocess.Popen[bytes]:
+    path = config_dir / f"gateway-{len(list(config_dir.iterdir()))}.json"
+    path.write_bytes(orjson.dumps(config))
+    return _spawn(checkout, [KVGATE, "serve", "--config", str(path), "--log-level", "warning"], py_spy_out)
+
+
 def _start_up(checkout: Path, port: int, py_spy_out: str | None) -> subprocess.Popen[bytes]:
-    command = [KVGATE, "up", "--no-autoscale", "--replicas", "2", "--port", str(port)]
-    if py_spy_out:
-        py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-        command = [
-            py_spy,
-            "record",
-            "-o",
-            py_spy_out,
-            "-f",
-            "raw",
-            "--gil",
-            "--threads",
-            "-r",
-            "500",
-            "--",
-            *command,
-        ]
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
-    return subprocess.Popen(
-        command, cwd=checkout, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    return _spawn(
+        checkout, [KVGATE, "up", "--no-autoscale", "--replicas", "2", "--port", str(port)], py_spy_out
     )
 
 
