@@ -11,6 +11,7 @@ count reaches the limit or the edge has set ``stopped``. It runs in a worker thr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from admission.tokenizer import Tokenizer
@@ -34,17 +35,23 @@ class EncodeJob:
         """The ids of ``text``; for a text that reaches the limit, at least ``limit_tokens`` ids that
         stand for its count: the ids of its first runs, or as many zeros as its lower bound when
         that alone shows it cannot fit. What a stopped job returns is of no use to anyone."""
+        return [i for run in self.runs(tokenizer, text) for i in run]
+
+    def runs(self, tokenizer: Tokenizer, text: str) -> Iterator[list[int]]:
+        """``encode``'s ids in the runs they are counted in, so a caller can use each (hash its
+        blocks) and let it go while the next is counted, never holding a long prompt's ids at once."""
         limit = self.limit_tokens
         if len(text) * UTF8_MAX_BYTES_PER_CHAR >= limit:
             at_least = tokenizer.min_tokens(text)
             if at_least >= limit:
-                return [0] * at_least
-        ids: list[int] = []
+                yield [0] * at_least
+                return
+        counted = 0
         runs = tokenizer.encode_runs(text)
-        while not self.stopped and len(ids) < limit:
+        while not self.stopped and counted < limit:
             run = next(runs, None)
             if run is None:
-                break
-            ids += run
+                return
+            counted += len(run)
             self.tokens_counted += len(run)
-        return ids
+            yield run

@@ -124,7 +124,9 @@ class TiktokenTokenizer:
         return cls(encoding, Path(path).name)
 
     def encode(self, text: str) -> list[int]:
-        return list(self._encoding.encode(text, disallowed_special=()))
+        """A new list from tiktoken, not copied again: a long prompt's run is tens of thousands of ids."""
+        ids: list[int] = self._encoding.encode(text, disallowed_special=())
+        return ids
 
     def count(self, text: str) -> int:
         return len(self._encoding.encode(text, disallowed_special=()))
@@ -141,8 +143,12 @@ class TiktokenTokenizer:
         """No token is longer than the longest in the vocabulary, and each token that lies inside a
         long run of ASCII letters, of digits or of non-ASCII bytes holds at most as many bytes of
         that kind as the vocabulary's most (e.g. 41 letters in cl100k): a run of n such bytes spans
-        at least n / that many tokens, two of which may reach outside it."""
+        at least n / that many tokens, two of which may reach outside it. And each space that follows
+        a non-space character starts a new pre-tokeniser piece (the cut ``encode_runs`` makes), each
+        piece being at least one token: prose has about one token per word, so a megabyte of it is
+        seen to be over a 128k-token window without encoding it."""
         data = text.encode("utf-8", "replace")
+        pieces = data.translate(_SPACING_OF_BYTE).count(_SPACE_AFTER_TEXT) + 1 if data else 0
         longest = _longest_bytes(self._encoding)
         total = -(-len(data) // longest["token"])
         kinds = data.translate(_KIND_OF_BYTE)
@@ -155,16 +161,26 @@ class TiktokenTokenizer:
                 assert run is not None
                 inside_runs += max(0, -(-len(run.group()) // most) - 2)
                 start = kinds.find(kind * _LONG_RUN_BYTES, run.end())
-        return max(total, inside_runs)
+        return max(total, inside_runs, pieces)
 
 
 _RUN_CUT = re.compile(r"(?<=\S) ")
 _LETTERS, _DIGITS, _NON_ASCII, _OTHER = b"L", b"D", b"N", b" "
+_MAYBE_WHITESPACE = frozenset((*range(0x09, 0x0E), *range(0x1C, 0x20)))
+"""ASCII bytes that ``\\s`` matches in some regex dialect: tab to carriage return, and the
+separators 0x1C-0x1F (Python's, not Rust's, but counted as whitespace here to stay a lower bound)."""
 _KIND_OF_BYTE = (
     _OTHER * 0x30 + _DIGITS * 10 + _OTHER * 7 + _LETTERS * 26 + _OTHER * 6 + _LETTERS * 26 + _OTHER * 5
 ) + _NON_ASCII * 0x80
 """Each byte's kind for ``min_tokens`` (a ``bytes.translate`` table): an ASCII digit (0x30-0x39), an
 ASCII letter (0x41-0x5A, 0x61-0x7A), a non-ASCII byte (0x80-0xFF), or other."""
+_SPACING_OF_BYTE = bytes(
+    ord("S") if byte == 0x20 else ord("W") if byte in _MAYBE_WHITESPACE or byte >= 0x80 else ord("X")
+    for byte in range(256)
+)
+"""Each byte for the piece bound of ``min_tokens``: a space, a byte that is (or may be part of) some
+other whitespace character (a non-ASCII byte may be, e.g. U+00A0 or U+3000), or other text."""
+_SPACE_AFTER_TEXT = b"XS"
 _RUN_OF_KIND = {kind: re.compile(re.escape(kind) + b"+") for kind in (_LETTERS, _DIGITS, _NON_ASCII)}
 _LONG_RUN_BYTES = 256
 """Only runs this long count towards ``min_tokens``: shorter ones add little, and finding only long

@@ -27,10 +27,9 @@ from admission.decision import AdmissionRequest, Refusal, RefusalReason
 from admission.promises import request_key, retry_count
 from admission.tenants import TenantDirectory, bearer_key
 from config.schema import GatewayConfig
-from gateway.prompt import PromptEncoder
+from gateway.prompt import PromptEncoder, PromptTokens
 from gateway.state import GatewayState, ProxyRequest
 from gateway.upstream import replica_headers
-from routing.prefix_hash import block_hashes
 from routing.request import RoutingRequest
 
 log = logging.getLogger("kvgate.pricing")
@@ -59,14 +58,16 @@ class Pricer:
             return _invalid(work)
         try:
             if batch is None:
-                token_ids = await self._encode(request, request.body, len(request.raw_body))
-                prompt_tokens: int | list[int] = len(token_ids)
+                prompt = await self._encode(request, request.body, len(request.raw_body))
+                prompt_tokens: int | list[int] = prompt.count
             else:
                 each = [
-                    p if isinstance(p, list) else await self._encode(request, {"prompt": p}, len(p))
+                    PromptTokens.of(p)
+                    if isinstance(p, list)
+                    else await self._encode(request, {"prompt": p}, len(p))
                     for p in batch
                 ]
-                token_ids, prompt_tokens = each[0], [len(ids) for ids in each]
+                prompt, prompt_tokens = each[0], [p.count for p in each]
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             log.warning("counting a prompt with a replica of %s failed: %r", request.model, exc)
             message = f"Cannot count the prompt's tokens with a replica of '{request.model}'."
@@ -91,7 +92,7 @@ class Pricer:
             for name, value in request.headers
             if name.startswith(b"x-") or name == _IDEMPOTENCY_KEY
         }
-        blocks = tuple(block_hashes(token_ids))
+        blocks = prompt.block_hashes
         request.admission = AdmissionRequest(
             request.request_id,
             tenant,
@@ -107,12 +108,12 @@ class Pricer:
         )
         return None
 
-    async def _encode(self, request: ProxyRequest, body: Mapping[str, Any], size_bytes: int) -> list[int]:
-        """The token ids of ``body``'s prompt (the request's, or one prompt of its batch): inline when
-        counted here and small, otherwise off the event loop or by a replica of the model."""
-        token_ids = self.encoder.encode_inline(request.model, body, size_bytes)
-        if token_ids is not None:
-            return token_ids
+    async def _encode(self, request: ProxyRequest, body: Mapping[str, Any], size_bytes: int) -> PromptTokens:
+        """``body``'s prompt (the request's, or one prompt of its batch) counted: inline when counted
+        here and small, otherwise off the event loop or by a replica of the model."""
+        prompt = self.encoder.encode_inline(request.model, body, size_bytes)
+        if prompt is not None:
+            return prompt
         assert self.session is not None, "gateway not started"
         url = ""
         headers = None

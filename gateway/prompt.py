@@ -1,11 +1,11 @@
-"""The prompt's token ids, counted the way each model's config says.
+"""The prompt's tokens (count and prefix block hashes), counted the way each model's config says.
 
 Tokenisers come from the top-level ``models[]`` entries (the one home of model facts). A local
 tokeniser runs inline for small prompts and in a worker thread above ``OFF_LOOP_TEXT_BYTES`` of text,
 so one huge prompt never stalls every other request on the event loop. Prompts counted inline are
 remembered, by model and text, in a bounded least-recently-used map (``CACHED_PROMPTS``): a repeated
 prompt (a system prompt, a retried or replayed request) costs one dictionary lookup instead of a
-tokenisation. The ids handed out are shared between requests and never mutated. Kind ``replica``
+tokenisation and a hashing. Kind ``replica``
 asks a replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
 
 Counting a large prompt is bounded, because an 8 MB prompt costs seconds of CPU: at most the
@@ -18,6 +18,11 @@ count reaches the model's ``max_model_len`` (the request then gets the over-cont
 when the text's lower bound already does. A turn is given back when the worker really stops, not
 when its client leaves, so the bound holds for CPU, not just for requests.
 ``running``, ``waiting`` and ``tokens_counted`` show that work to operators and tests.
+
+What pricing needs of a prompt is its count and its prefix block hashes (``PromptTokens``), not its
+ids. A worker hashes each run's blocks as soon as the run is counted and lets its ids go, so a
+prompt of a quarter of a million tokens never has its ids held at once, hashed or freed on the event
+loop (each of those took milliseconds there, stalling every small request beside it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import asyncio
 import functools
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -35,17 +41,32 @@ from admission.counting import prompt_of, template_for, tokenizer_for
 from admission.encode_job import EncodeJob
 from admission.tokenizer import ChatTemplate, Tokenizer, prompt_text
 from config.schema import Model
+from routing.prefix_hash import BlockHasher, block_hashes
 
 OFF_LOOP_TEXT_BYTES = 32 * 1024
 CACHED_PROMPTS = 1024
 
 
+@dataclass(frozen=True, slots=True)
+class PromptTokens:
+    """A prompt as pricing and routing see it: its token count and its full blocks' chained hashes
+    (``routing.prefix_hash``). A prompt counted off the event loop to the model's window or past it
+    has no blocks: it is refused as over the context, so nothing routes it."""
+
+    count: int
+    block_hashes: tuple[int, ...]
+
+    @classmethod
+    def of(cls, token_ids: Sequence[int]) -> PromptTokens:
+        return cls(len(token_ids), tuple(block_hashes(token_ids)))
+
+
 class PromptEncoder:
-    """Token ids of a request body, per model."""
+    """A request body's prompt counted (``PromptTokens``), per model."""
 
     def __init__(self, models: Sequence[Model]) -> None:
         self._local = {m.name: (tokenizer_for(m.tokenizer), template_for(m.chat_template)) for m in models}
-        self._cache: dict[tuple[str, str], list[int]] = {}
+        self._cache: dict[tuple[str, str], PromptTokens] = {}
         self._limits = {m.name: m.max_model_len for m in models}
         self._turns = {m.name: asyncio.Semaphore(m.tokenize_concurrency) for m in models}
         self._jobs: list[EncodeJob] = []
@@ -64,24 +85,24 @@ class PromptEncoder:
         """Whether ``model`` is counted here (no replica needed)."""
         return self._local[model][0] is not None
 
-    def encode_inline(self, model: str, body: Mapping[str, Any], raw_size_bytes: int) -> list[int] | None:
-        """The ids when they are counted here, on the event loop (a local tokeniser and a body of at
+    def encode_inline(self, model: str, body: Mapping[str, Any], raw_size_bytes: int) -> PromptTokens | None:
+        """The prompt when it is counted here, on the event loop (a local tokeniser and a body of at
         most ``OFF_LOOP_TEXT_BYTES``); None when ``encode`` must ask a replica or a worker thread."""
         tokenizer, template = self._local[model]
         if tokenizer is None or raw_size_bytes > OFF_LOOP_TEXT_BYTES:
             return None
         prompt = prompt_of(body, template)
         if isinstance(prompt, list):
-            return prompt
+            return PromptTokens.of(prompt)
         cache = self._cache
         key = (model, prompt)
-        ids = cache.pop(key, None)
-        if ids is None:
-            ids = tokenizer.encode(prompt)
+        tokens = cache.pop(key, None)
+        if tokens is None:
+            tokens = PromptTokens.of(tokenizer.encode(prompt))
             if len(cache) >= CACHED_PROMPTS:
                 del cache[next(iter(cache))]
-        cache[key] = ids
-        return ids
+        cache[key] = tokens
+        return tokens
 
     async def encode(
         self,
@@ -91,16 +112,16 @@ class PromptEncoder:
         session: aiohttp.ClientSession,
         url: str,
         headers: Mapping[str, str] | None = None,
-    ) -> list[int]:
-        """The ids, counted inline, in a worker thread or by a replica; see the module's docstring
+    ) -> PromptTokens:
+        """The prompt counted inline, in a worker thread or by a replica; see the module's docstring
         for the bounds on that work. ``headers`` go with a ``/tokenize`` call (the pool's
         ``Authorization``)."""
-        ids = self.encode_inline(model, body, raw_size_bytes)
-        if ids is not None:
-            return ids
+        tokens = self.encode_inline(model, body, raw_size_bytes)
+        if tokens is not None:
+            return tokens
         tokenizer, template = self._local[model]
         if tokenizer is None and raw_size_bytes <= OFF_LOOP_TEXT_BYTES:
-            return await _replica_tokens(session, url, model, body, headers)
+            return PromptTokens.of(await _replica_tokens(session, url, model, body, headers))
         turns = self._turns[model]
         self.waiting += 1
         try:
@@ -110,7 +131,7 @@ class PromptEncoder:
         if tokenizer is None:
             self.running += 1
             try:
-                return await _replica_tokens(session, url, model, body, headers)
+                return PromptTokens.of(await _replica_tokens(session, url, model, body, headers))
             finally:
                 self.running -= 1
                 turns.release()
@@ -142,10 +163,20 @@ class PromptEncoder:
 
 def _count(
     job: EncodeJob, tokenizer: Tokenizer, template: ChatTemplate, body: Mapping[str, Any]
-) -> list[int]:
-    """In a worker thread: what to count (a chat rendered, which may be long too), then the count."""
+) -> PromptTokens:
+    """In a worker thread: what to count (a chat rendered, which may be long too), then the count
+    and the block hashes, each run hashed and let go before the next is counted."""
     prompt = prompt_of(body, template)
-    return prompt if isinstance(prompt, list) else job.encode(tokenizer, prompt)
+    if isinstance(prompt, list):
+        return PromptTokens.of(prompt)
+    limit = job.limit_tokens
+    hasher = BlockHasher()
+    count = 0
+    for run in job.runs(tokenizer, prompt):
+        count += len(run)
+        if count < limit:
+            hasher.add(run)
+    return PromptTokens(count, tuple(hasher.hashes) if count < limit else ())
 
 
 async def _replica_tokens(

@@ -23,6 +23,10 @@ from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_c
 UNIT = " the gateway counts every token"
 """Five pieces of one token each, so ``UNIT * k`` is exactly ``5 * k`` tokens."""
 EIGHT_MB_UNITS = 8 * 1024 * 1024 // len(UNIT)
+LONG_WORD = " antidisestablishmentarianism"
+"""One piece of six tokens: a text of them is counted, as its lower bound is a sixth of its count."""
+LONG_WORDS = 100_000
+"""2.9 MB of ``LONG_WORD``: 600k tokens whose lower bound (100k) does not reach a 128k window."""
 WINDOW_TOKENS = 131072
 HUGE_WINDOW_TOKENS = 1 << 26
 BIG_BODIES = {"max_body_bytes": 40 * 1024 * 1024}
@@ -47,15 +51,16 @@ async def test_an_over_context_prompt_is_refused_after_counting_about_the_contex
         running_gateway(_config(fleet, WINDOW_TOKENS)) as gw,
         httpx.AsyncClient(base_url=gw.url, timeout=120) as http,
     ):
-        words = await http.post("/v1/completions", json=_completion(UNIT * EIGHT_MB_UNITS))
-        assert words.status_code == 400
-        assert f"maximum context length is {WINDOW_TOKENS} tokens" in words.json()["error"]["message"]
+        long_words = await http.post("/v1/completions", json=_completion(LONG_WORD * LONG_WORDS))
+        assert long_words.status_code == 400
+        assert f"maximum context length is {WINDOW_TOKENS} tokens" in long_words.json()["error"]["message"]
         counted = _encoder(gw).tokens_counted
-        assert WINDOW_TOKENS <= counted < 2 * WINDOW_TOKENS < 5 * EIGHT_MB_UNITS
-        letters = await http.post("/v1/completions", json=_completion("x" * (8 * 1024 * 1024)))
-        assert letters.status_code == 400
-        assert f"maximum context length is {WINDOW_TOKENS} tokens" in letters.json()["error"]["message"]
-        assert _encoder(gw).tokens_counted == counted, "no BPE work for a prompt that provably cannot fit"
+        assert WINDOW_TOKENS <= counted < 2 * WINDOW_TOKENS < 6 * LONG_WORDS
+        for prompt in (UNIT * EIGHT_MB_UNITS, "x" * (8 * 1024 * 1024)):
+            refused = await http.post("/v1/completions", json=_completion(prompt))
+            assert refused.status_code == 400
+            assert f"maximum context length is {WINDOW_TOKENS} tokens" in refused.json()["error"]["message"]
+            assert _encoder(gw).tokens_counted == counted, "no BPE work for a prompt that provably cannot fit"
         await assert_idle(gw)
 
 
@@ -88,7 +93,7 @@ async def test_concurrent_huge_prompts_are_tokenised_at_most_the_bound_at_once()
                 await asyncio.sleep(0.001)
 
         watcher = asyncio.create_task(watch())
-        prompt = UNIT * (EIGHT_MB_UNITS // 4)
+        prompt = LONG_WORD * LONG_WORDS
         answers = await asyncio.gather(
             *(http.post("/v1/completions", json=_completion(prompt)) for _ in range(6))
         )

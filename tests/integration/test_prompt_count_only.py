@@ -12,7 +12,6 @@ from aiohttp import web
 
 from config.schema import Model
 from gateway.prompt import PromptEncoder
-from routing.request import RoutingRequest
 
 MODEL = "m"
 
@@ -44,9 +43,9 @@ async def test_prompts_counted_without_ids_never_share_prefix_blocks() -> None:
     async with count_only_replica() as url, aiohttp.ClientSession() as session:
         routed = {}
         for prompt in ("first prompt", "other prompt", "first prompt"):
-            ids = await encoder.encode(MODEL, {"prompt": prompt}, len(prompt), session, url)
-            assert len(ids) == 8 * len(prompt), "priced by the replica's count"
-            routed.setdefault(prompt, []).append(RoutingRequest.from_token_ids(MODEL, ids, 16).block_hashes)
+            counted = await encoder.encode(MODEL, {"prompt": prompt}, len(prompt), session, url)
+            assert counted.count == 8 * len(prompt), "priced by the replica's count"
+            routed.setdefault(prompt, []).append(counted.block_hashes)
     first, again = routed["first prompt"]
     (other,) = routed["other prompt"]
     assert first == again, "the same prompt keeps its blocks (a retry still finds its replica)"

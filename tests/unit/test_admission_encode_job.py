@@ -37,6 +37,8 @@ LLAMA3_STYLE = TiktokenTokenizer(
 )
 UNIT = " the gateway counts every token"
 """Five pieces, one token each: ``UNIT * k`` is exactly ``5 * k`` tokens."""
+LONG_WORD = " antidisestablishmentarianism"
+"""One piece of six tokens: ``LONG_WORD * k`` is ``6 * k`` tokens with a lower bound of ``k``."""
 
 _ALPHABET = st.sampled_from(
     [
@@ -113,6 +115,16 @@ def test_min_tokens_sees_that_a_long_run_of_letters_cannot_fit() -> None:
     assert BytesEstimateTokenizer(4.0).min_tokens(text) == 500_000
 
 
+def test_min_tokens_sees_that_a_megabyte_of_prose_cannot_fit_a_128k_window() -> None:
+    prose = ("The gateway prices every request in KV-cache tokens before any replica sees it. " * 13_000)[
+        :1_000_000
+    ]
+    for tokenizer in (CL100K, LLAMA3_STYLE):
+        assert 131_072 <= tokenizer.min_tokens(prose) <= tokenizer.count(prose)
+    assert CL100K.min_tokens(UNIT * 1000) >= 5 * 1000 - 1, "one token a word"
+    assert CL100K.min_tokens(" 東京 " * 1000) < 1000, "a non-ASCII character may be whitespace"
+
+
 def test_a_job_counts_the_whole_prompt_when_it_fits() -> None:
     text = UNIT * 2000
     job = EncodeJob(limit_tokens=10_001)
@@ -121,10 +133,11 @@ def test_a_job_counts_the_whole_prompt_when_it_fits() -> None:
 
 
 def test_a_job_stops_soon_after_the_count_reaches_its_limit() -> None:
-    text = UNIT * 20_000
-    job = EncodeJob(limit_tokens=5_000)
+    text = LONG_WORD * 20_000
+    job = EncodeJob(limit_tokens=50_000)
+    assert CL100K.min_tokens(text) < 50_000, "counted, not refused on its lower bound"
     ids = job.encode(CL100K, text)
-    assert 5_000 <= len(ids) == job.tokens_counted < 5 * 20_000
+    assert 50_000 <= len(ids) == job.tokens_counted < 6 * 20_000
     assert ids == CL100K.encode(text)[: len(ids)]
 
 
