@@ -32,7 +32,7 @@ from routing.policies.kvgate import PREFIX_HOLDER_FULL
 from routing.request import RoutingRequest
 from routing.retry_budget import RetryBudget
 from routing.router import Router
-from vocabulary.capacity import takes_handoff
+from vocabulary.capacity import own_slots, takes_handoff
 from vocabulary.replica import ReplicaView, Role
 from vocabulary.snapshot import FleetSnapshot
 from vocabulary.value import frozen_value
@@ -210,7 +210,10 @@ class Dispatcher:
         decode = RoutingRequest(
             model, routing.prompt_tokens, routing.max_output_tokens, (), routing.sequences
         )
-        choice = self.router.choose(decode, room, now_s, exclude=request.tried, check_room=enabled)
+        slots = self.controller.max_active if enabled else own_slots
+        choice = self.router.choose(
+            decode, room, now_s, exclude=request.tried, check_room=enabled, slots=slots
+        )
         replica = None if choice.replica_id is None else self._state.replicas.get(choice.replica_id)
         if replica is None:
             message = f"No decode replica serving '{model}' can take the request now."
@@ -274,8 +277,9 @@ class Dispatcher:
         assert request.routing is not None and request.admission is not None
         ledger = self._state.ledger
         routing = request.routing
+        slots = self.controller.max_active if check_room else own_slots
         choice = self.router.choose(
-            routing, candidates, now_s, request.tried, check_room, hold_until_s, ledger
+            routing, candidates, now_s, request.tried, check_room, hold_until_s, ledger, slots
         )
         if choice.replica_id is None:
             return choice.reason

@@ -15,10 +15,10 @@ is down).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from routing.request import RoutingRequest
-from vocabulary.capacity import fits_sharing
+from vocabulary.capacity import fits_sharing, own_slots
 from vocabulary.replica import ReplicaView
 from vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 
@@ -30,7 +30,7 @@ NO_REPLICA = "no_replica"
 class Gate:
     """The filter chain bound to one request at one instant (a plain class: built per decision)."""
 
-    __slots__ = ("check_room", "exclude", "hold_until_s", "now_s", "request", "resident")
+    __slots__ = ("check_room", "exclude", "hold_until_s", "now_s", "request", "resident", "slots")
 
     def __init__(
         self,
@@ -40,6 +40,7 @@ class Gate:
         check_room: bool = True,
         hold_until_s: float = float("-inf"),
         resident: ResidentPrefixes = NOTHING_SHARED,
+        slots: Callable[[ReplicaView], int] = own_slots,
     ) -> None:
         self.request = request
         self.now_s = now_s
@@ -50,13 +51,16 @@ class Gate:
         room (a queued request the edge would rather place there than prefill elsewhere)."""
         self.resident = resident
         """What each replica already holds of the request's prompt: not charged for room."""
+        self.slots = slots
+        """The sequences each replica may run: admission's guard (``max_active``), so routing and
+        admission count a replica full at the same number; its own slots without admission."""
 
     def has_room(self, view: ReplicaView) -> bool:
         """Room for the request's worst case less the prompt blocks resident there."""
         request = self.request
         blocks = request.block_hashes
         return fits_sharing(
-            view, request.kv_tokens, request.sequences, view.max_sequences, blocks, self.resident
+            view, request.kv_tokens, request.sequences, self.slots(view), blocks, self.resident
         )
 
     def rejection(self, view: ReplicaView) -> str | None:

@@ -27,8 +27,9 @@ on kvgate's accounting alone, so a replica is never favoured just because its te
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from vocabulary.capacity import own_slots
 from vocabulary.replica import ReplicaView
 
 
@@ -37,8 +38,8 @@ def own_load_ratio(view: ReplicaView) -> float:
     return (load.pending_prompt_tokens + load.remaining_decode_tokens) / view.kv_capacity_tokens
 
 
-def own_slot_ratio(view: ReplicaView) -> float:
-    return view.load.resident_sequences / max(1, view.max_sequences)
+def own_slot_ratio(view: ReplicaView, slots: Callable[[ReplicaView], int] = own_slots) -> float:
+    return view.load.resident_sequences / max(1, slots(view))
 
 
 def scraped_slot_ratio(view: ReplicaView) -> float:
@@ -60,17 +61,22 @@ def all_fresh(views: Sequence[ReplicaView], now_s: float, stale_s: float) -> boo
 
 
 def load_ratios(
-    views: Sequence[ReplicaView], now_s: float, stale_s: float
+    views: Sequence[ReplicaView],
+    now_s: float,
+    stale_s: float,
+    slots: Callable[[ReplicaView], int] = own_slots,
 ) -> tuple[list[float], list[float]]:
     """Each candidate's token share and slot share; slots corrected by scrapes only if every
-    scrape is fresh. The expressions are ``own_load_ratio`` and ``own_slot_ratio`` written out:
-    this runs for every candidate of every decision."""
+    scrape is fresh. The slot share is over the sequences the replica may run (``slots``:
+    admission's guard, which an inter-token-latency objective lowers), so a replica near its guard
+    looks as full as admission will treat it. The expressions are ``own_load_ratio`` and
+    ``own_slot_ratio`` written out: this runs for every candidate of every decision."""
     tokens = [
         (v.load.pending_prompt_tokens + v.load.remaining_decode_tokens) / v.kv_capacity_tokens for v in views
     ]
     if views and all_fresh(views, now_s, stale_s):
-        return tokens, [max(own_slot_ratio(v), scraped_slot_ratio(v)) for v in views]
-    return tokens, [v.load.resident_sequences / max(1, v.max_sequences) for v in views]
+        return tokens, [max(own_slot_ratio(v, slots), scraped_slot_ratio(v)) for v in views]
+    return tokens, [v.load.resident_sequences / max(1, slots(v)) for v in views]
 
 
 def within_bound(

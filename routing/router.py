@@ -7,13 +7,14 @@ clock, draws only from the injected ``random.Random`` and records no metrics; th
 remembers is what it routed where (the prefix index, updated for the kvgate policy when a replica
 is chosen). A retry passes the replicas already tried as ``exclude``; with admission off the edge
 passes ``check_room=False`` (nothing is held back for room, the replicas queue it). When a replica vanishes,
-is ejected or restarts, the edge calls ``forget`` so its prefix entries go with it.
+is ejected or restarts, the edge calls ``forget`` so its prefix entries go with it. ``slots`` is
+how many sequences each replica may run: admission's guard, so both count a replica full alike.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from config.routing import RoutingConfig
 from routing.decision import RoutingDecision
@@ -24,6 +25,7 @@ from routing.policies.round_robin import RoundRobinPolicy
 from routing.policy import Policy
 from routing.prefix_index import PrefixIndex
 from routing.request import RoutingRequest
+from vocabulary.capacity import own_slots
 from vocabulary.replica import ReplicaView
 from vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 
@@ -58,8 +60,9 @@ class Router:
         check_room: bool = True,
         hold_until_s: float = float("-inf"),
         resident: ResidentPrefixes = NOTHING_SHARED,
+        slots: Callable[[ReplicaView], int] = own_slots,
     ) -> RoutingDecision:
-        gate = Gate(request, now_s, exclude, check_room, hold_until_s, resident)
+        gate = Gate(request, now_s, exclude, check_room, hold_until_s, resident, slots)
         decision = self._policy.pick(request, replicas, gate)
         if decision.replica_id is not None and self._records_prefixes and request.block_hashes:
             self._index.record(decision.replica_id, request.block_hashes)

@@ -26,6 +26,12 @@ def kv_room_tokens(view: ReplicaView) -> int:
     return view.kv_capacity_tokens - view.load.reserved_kv_tokens
 
 
+def own_slots(view: ReplicaView) -> int:
+    """A replica's sequence slots as it reports them (its ``max_num_seqs``): the limit where nothing
+    lower applies, such as admission's inter-token-latency guard."""
+    return view.max_sequences
+
+
 def fits(view: ReplicaView, kv_tokens: int, sequences: int, max_active_sequences: int) -> bool:
     """True when ``view`` can hold ``kv_tokens`` more and has a slot under the guard for each of the
     request's ``sequences`` (a request with ``n`` sequences decodes ``n`` at once)."""

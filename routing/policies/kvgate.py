@@ -69,7 +69,8 @@ class KvgatePolicy:
             return RoutingDecision(None, PREFIX_HOLDER_FULL)
         now_s = gate.now_s
         candidates = self._ramp.keep(passed, now_s, self._rng)
-        token_shares, slot_shares = load_ratios(candidates, now_s, self._stale_s)
+        slots = gate.slots
+        token_shares, slot_shares = load_ratios(candidates, now_s, self._stale_s, slots)
         loads = [tokens + slots for tokens, slots in zip(token_shares, slot_shares, strict=True)]
         hashes = request.block_hashes
         home, home_score = -1, 0.0
@@ -78,8 +79,7 @@ class KvgatePolicy:
             matched = self._index.match_each(replica_ids, hashes)
             kv_tokens, sequences = request.kv_tokens, request.sequences
             costs = [
-                kv_tokens / view.kv_capacity_tokens + sequences / max(1, view.max_sequences)
-                for view in candidates
+                kv_tokens / view.kv_capacity_tokens + sequences / max(1, slots(view)) for view in candidates
             ]
             bounded = within_bound(loads, costs, self._bounded_load_factor)
             if 0 < self._home_key_blocks <= len(hashes):

@@ -68,6 +68,18 @@ def test_empty_result_names_the_binding_filter() -> None:
     assert [v.replica_id for v in passed] == ["b"] and reason == ""
 
 
+def test_admissions_sequence_guard_is_the_slot_limit_of_the_filter_and_the_slot_share() -> None:
+    """A replica with 4 slots of its own but a guard of 2 (an ITL objective's learned limit) is
+    full at 2 sequences for routing as for admission, and its slot share counts against the 2."""
+    two = ReplicaLoad(resident_sequences=2)
+    guarded = Gate(REQUEST, 10.0, slots=lambda v: 2)
+    assert Gate(REQUEST, 10.0).rejection(view(load=two)) is None
+    assert guarded.rejection(view(load=two)) == "no_kv_room"
+    one = ReplicaLoad(resident_sequences=1)
+    assert load_ratios([view(load=one)], 10.0, 5.0)[1] == [0.25]
+    assert load_ratios([view(load=one)], 10.0, 5.0, guarded.slots)[1] == [0.5]
+
+
 def test_without_the_room_check_a_full_replica_passes_and_keeps_its_real_load() -> None:
     """Admission off: nothing is held back for room, yet a fuller replica still scores as fuller."""
     full = ReplicaLoad(pending_prompt_tokens=9_000, resident_sequences=4, reserved_kv_tokens=12_000)
