@@ -110,6 +110,8 @@ class Side:
     window_tokens: int
     window_s: float
     itl_s: Quantiles
+    tokens: int = 0
+    """Tokens received over the whole run, not only the window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,21 +179,25 @@ class _Lines:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for raw in self.process.stdout:
-            kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
-            if kind == "progress":
-                opened, done, tokens, errors = (int(x) for x in rest.split())
-                self.progress = (opened, done, tokens, errors)
-            elif kind == "lag":
-                values = [float(x) for x in rest.split()]
-                self.lag.extend(zip(values[::2], values[1::2], strict=True))
-            elif kind == "gc":
-                at_s, pause_s = (float(x) for x in rest.split())
-                self.full_collections.append((at_s, pause_s))
-            elif kind == "result":
-                self.finished.set()
-            elif kind == "ready":
-                self.ready.set()
+        with self.process.stdout:
+            for raw in self.process.stdout:
+                self._take(raw)
+
+    def _take(self, raw: bytes) -> None:
+        kind, _, rest = raw.decode(errors="replace").rstrip("\n").partition(" ")
+        if kind == "progress":
+            opened, done, tokens, errors = (int(x) for x in rest.split())
+            self.progress = (opened, done, tokens, errors)
+        elif kind == "lag":
+            values = [float(x) for x in rest.split()]
+            self.lag.extend(zip(values[::2], values[1::2], strict=True))
+        elif kind == "gc":
+            at_s, pause_s = (float(x) for x in rest.split())
+            self.full_collections.append((at_s, pause_s))
+        elif kind == "result":
+            self.finished.set()
+        elif kind == "ready":
+            self.ready.set()
 
 
 def _spawn(
@@ -200,11 +206,11 @@ def _spawn(
     stderr: int | None = None,
     code_dir: str | None = None,
 ) -> _Lines:
-    """``python -m ARGS``; with ``code_dir`` its modules come from that checkout first."""
-    env = None
-    if code_dir is not None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([code_dir, os.environ.get("PYTHONPATH", "")])}
-    process = subprocess.Popen([sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=stderr, env=env)
+    """``python -m ARGS``; with ``code_dir`` run in that checkout (``-m`` puts the working directory
+    first on the path), so its modules are imported."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", *args], stdout=subprocess.PIPE, stderr=stderr, cwd=code_dir
+    )
     started.append(process)
     return _Lines(process).start()
 
@@ -426,6 +432,7 @@ def _drive(
         errors=sum(r["errors"] for r in results),
         first_error=next((r["first_error"] for r in results if r["first_error"]), ""),
         window_tokens=sum(r["window_tokens"] for r in results),
+        tokens=sum(r["tokens"] for r in results),
         window_s=schedule.window_end_s - schedule.window_start_s,
         itl_s=Quantiles.of(gaps),
     )
@@ -533,7 +540,17 @@ def backend_cost(point: Point, open_per_s: float, window_s: float, drivers: int)
     ports = list(range(port, port + REPLICAS))
     kinds = {
         "simulator (1 replica)": (
-            ["loadtest.sim", "--port", str(port), "--model", MODEL, "--max-num-seqs", str(point.streams)],
+            [
+                "loadtest.sim",
+                "--port",
+                str(port),
+                "--model",
+                MODEL,
+                "--max-num-seqs",
+                str(point.streams),
+                "--cold-start-s",
+                "0",
+            ],
             [port],
         ),
         f"paced backend ({REPLICAS} replicas, 1 process)": (
@@ -545,21 +562,17 @@ def backend_cost(point: Point, open_per_s: float, window_s: float, drivers: int)
         with processes() as started:
             backend = _spawn(started, args, stderr=subprocess.DEVNULL)
             _wait_ready(f"http://127.0.0.1:{port}/health")
+            process = psutil.Process(backend.process.pid)
+            before = process.cpu_times()
             schedule = _Schedule.plan(point, open_per_s, window_s)
-            side, figures = _drive(
-                started,
-                point,
-                targets,
-                schedule,
-                open_per_s,
-                drivers,
-                "backend",
-                psutil.Process(backend.process.pid),
-            )
+            side, _ = _drive(started, point, targets, schedule, open_per_s, drivers, "backend")
+            after = process.cpu_times()
+            cpu_s = after.user + after.system - before.user - before.system
             print(
-                f"{label}: {figures['cpu_s'] / max(side.window_tokens, 1) * 1e6:.1f} us CPU per token, "
-                f"{side.window_tokens / window_s:,.0f} tokens/s, client ITL p50/p99 "
-                f"{side.itl_s.p50 * 1000:.1f}/{side.itl_s.p99 * 1000:.1f} ms, errors {side.errors}",
+                f"{label}: {cpu_s / max(side.tokens, 1) * 1e6:.1f} us CPU per token"
+                f" over {side.tokens:,} tokens,"
+                f" client ITL p50/p99 {side.itl_s.p50 * 1000:.1f}/{side.itl_s.p99 * 1000:.1f} ms,"
+                f" errors {side.errors}",
                 flush=True,
             )
 

@@ -51,6 +51,7 @@ class DriverPlan:
                 "model": "bench-model",
                 "messages": [{"role": "user", "content": "hi"}],
                 "max_tokens": self.tokens,
+                "ignore_eos": True,
                 "stream": True,
             }
         )

@@ -118,18 +118,32 @@ def write_plot(path: Path, results: list[PointResult]) -> None:
     slowest_ms = max(r.point.itl_ms for r in results)
     held = sorted((r for r in results if r.point.itl_ms == slowest_ms), key=lambda r: r.point.streams)
     streams = [r.point.streams for r in held]
-    panels = [
-        ("memory per open stream (KiB)", [r.gateway.per_stream_bytes(r.point.streams) / KIB for r in held]),
-        ("gateway CPU per token (µs)", [r.cpu_per_token_s * 1e6 for r in held]),
-        ("event-loop lag p99 (ms)", [r.gateway.lag_s.p99 * 1000 for r in held]),
+    panels: list[tuple[str, dict[str, list[float]]]] = [
+        (
+            "memory per open stream (KiB)",
+            {"RSS over idle": [r.gateway.per_stream_bytes(r.point.streams) / KIB for r in held]},
+        ),
+        ("gateway CPU per token (µs)", {"user + system": [r.cpu_per_token_s * 1e6 for r in held]}),
+        (
+            "event loop (ms)",
+            {
+                "lag p99, steady window": [r.gateway.lag_s.p99 * 1000 for r in held],
+                "longest full GC, opening to window end": [
+                    r.gateway.full_collection_max_s * 1000 for r in held
+                ],
+            },
+        ),
     ]
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    for axis, (title, values) in zip(axes, panels, strict=True):
-        axis.plot(streams, values, marker="o")
+    for axis, (title, series) in zip(axes, panels, strict=True):
+        for label, values in series.items():
+            axis.plot(streams, values, marker="o", label=label)
         axis.set_title(title)
         axis.set_xlabel(f"open streams (one token every {slowest_ms:g} ms each)")
         axis.set_ylim(bottom=0)
         axis.grid(alpha=0.3)
+        if len(series) > 1:
+            axis.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
