@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
+
+import orjson
 
 REQUEST_ID_HEADER = b"x-request-id"
 _CLIENT_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
@@ -106,3 +108,11 @@ def relay_headers(
         headers = [header for header in headers if header[0] not in named]
     headers.append((REQUEST_ID_HEADER, request_id.encode()))
     return headers
+
+
+def forwarded_body(body: Mapping[str, Any]) -> bytes:
+    """``body`` serialised for a replica, in a block its own size. ``orjson.dumps`` returns bytes
+    in a block of at least 4 KiB whatever their length, and a rewritten body is held for as long
+    as its request lasts: a 150-byte chat request held 4 KiB through every minute of its stream,
+    16 % of what an open stream costs the gateway (docs/streams.md)."""
+    return bytes(memoryview(orjson.dumps(body)))

@@ -20,6 +20,7 @@ import orjson
 
 from admission.decision import Refusal
 from gateway.errors import GatewayError, refusal_error
+from gateway.forwarding import forwarded_body
 from gateway.state import GatewayState, ProxyRequest, ReplicaState
 
 if TYPE_CHECKING:
@@ -52,14 +53,14 @@ def prefill_body(body: dict[str, Any]) -> bytes:
         prefill["max_completion_tokens"] = 1
     prefill["stream"] = False
     prefill["kv_transfer_params"] = _PREFILL_PARAMS
-    return orjson.dumps(prefill)
+    return forwarded_body(prefill)
 
 
 def decode_body(body: dict[str, Any], params: dict[str, Any]) -> bytes:
     """The request as the decode replica takes it: as the client sent it (capped as priced), with
     the prefill replica's ``kv_transfer_params`` so its connector pulls the KV instead of
     computing it."""
-    return orjson.dumps({**body, "kv_transfer_params": params})
+    return forwarded_body({**body, "kv_transfer_params": params})
 
 
 def handoff_params(body: bytes) -> dict[str, Any] | None:

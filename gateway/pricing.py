@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
-import orjson
 
 from admission import refusals
 from admission.cost import InvalidRequest, capped_body, estimate_cost, requested_work
@@ -27,6 +26,7 @@ from admission.decision import AdmissionRequest, Refusal, RefusalReason
 from admission.promises import request_key, retry_count
 from admission.tenants import TenantDirectory, bearer_key
 from config.schema import GatewayConfig
+from gateway.forwarding import forwarded_body
 from gateway.prompt import PromptEncoder, PromptTokens
 from gateway.state import GatewayState, ProxyRequest
 from gateway.upstream import replica_headers
@@ -86,7 +86,7 @@ class Pricer:
         if forwarded is not None:
             request.body = forwarded
         if forwarded is not None or request.usage_injected:
-            request.raw_body = orjson.dumps(request.body)
+            request.raw_body = forwarded_body(request.body)
         headers = {
             name.decode("latin-1"): value.decode("latin-1")
             for name, value in request.headers

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import tracemalloc
+from typing import Any
+
+import orjson
 
 from config.loader import parse_config
 from gateway.decision_path import DecisionPath
@@ -10,7 +14,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState, ProxyRequest
 
 
-def priced(headers: list[tuple[bytes, bytes]]) -> ProxyRequest:
+def priced(headers: list[tuple[bytes, bytes]], body: dict[str, Any] | None = None) -> ProxyRequest:
     config = parse_config(
         {
             "models": [
@@ -21,7 +25,7 @@ def priced(headers: list[tuple[bytes, bytes]]) -> ProxyRequest:
         {},
     )
     path = DecisionPath.build(GatewayState.from_config(config), config, GatewayMetrics())
-    body = {"model": "m", "prompt": "hello there", "max_tokens": 16}
+    body = body or {"model": "m", "prompt": "hello there", "max_tokens": 16}
     request = ProxyRequest("r", "r", "/v1/completions", "m", False, body, b"{}", headers, [])
     assert asyncio.run(path.pricer.price(request)) is None
     return request
@@ -38,3 +42,24 @@ def test_a_request_without_them_is_priced_all_the_same() -> None:
     request = priced([])
     assert request.admission is not None
     assert (request.admission.request_key, request.admission.retry_count) == (None, None)
+
+
+def traced_size_bytes(obj: object, snapshot: tracemalloc.Snapshot) -> int:
+    """The size of the memory block tracemalloc saw allocated for ``obj``."""
+    where = tracemalloc.get_object_traceback(obj)
+    assert where is not None
+    return sum(trace.size for trace in snapshot.traces if trace.traceback == where)
+
+
+def test_a_rewritten_body_is_held_in_a_block_its_own_size() -> None:
+    """The body is rewritten (a default output cap) and kept for the request's whole life, a
+    stream's included: orjson's bytes sit in a 4 KiB block whatever their length."""
+    tracemalloc.start(25)
+    try:
+        request = priced([], {"model": "m", "prompt": "hello there"})
+        snapshot = tracemalloc.take_snapshot()
+        held_bytes = traced_size_bytes(request.raw_body, snapshot)
+    finally:
+        tracemalloc.stop()
+    assert orjson.loads(request.raw_body)["max_tokens"] > 0
+    assert len(request.raw_body) < held_bytes <= len(request.raw_body) + 64
