@@ -132,10 +132,9 @@ async def test_streams_past_the_drain_timeout_end_with_an_error_event_and_done(t
         aiohttp.ClientSession() as http,
     ):
         streams = [await open_stream(http, url, max_tokens=2000) for _ in range(3)]
-        not_streamed = asyncio.ensure_future(
-            http.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 2000})
-        )
-        await asyncio.sleep(0.2)
+        long_answer = {"model": MODEL, "prompt": "x", "max_tokens": 2000, "ignore_eos": True}
+        not_streamed = asyncio.ensure_future(http.post(url + "/v1/completions", json=long_answer))
+        assert await eventually(lambda: sum(r.engine.num_running for r in fleet.replicas) == 4)
         process.send_signal(signal.SIGTERM)
         for response in streams:
             events = await rest_of(response)
