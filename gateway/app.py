@@ -36,6 +36,7 @@ from gateway.decision_path import DecisionPath
 from gateway.discovery import DnsDiscovery
 from gateway.errors import GatewayError, MethodNotAllowed
 from gateway.forwarding import request_id_of
+from gateway.loop_lag import watch_loop_lag
 from gateway.metrics import GatewayMetrics
 from gateway.probes import HealthMonitor
 from gateway.proxy import (
@@ -189,6 +190,8 @@ class Gateway:
             self._tick_task,
         ]
         self._tasks += [asyncio.create_task(d.run(), name="kvgate-dns") for d in discoveries]
+        lag = watch_loop_lag(self.metrics.observe_loop_lag)
+        self._tasks.append(asyncio.create_task(lag, name="kvgate-loop-lag"))
         if self.config.autoscaler is not None:
             recommender = GatewayRecommender(self.metrics, self.config.autoscaler, self._clock)
             self._tasks.append(asyncio.create_task(recommender.run(), name="kvgate-autoscaler"))

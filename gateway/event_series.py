@@ -64,6 +64,7 @@ FORECAST_ERROR_BUCKETS_S = (
     10.0,
     30.0,
 )
+LOOP_LAG_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 WAIT_BUDGET_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
 
 HISTOGRAMS = (
@@ -125,6 +126,7 @@ class EventSeries:
         "expired",
         "forecast_error",
         "itl",
+        "loop_lag",
         "output_tokens",
         "prompt_tokens",
         "queue_wait",
@@ -225,6 +227,14 @@ class EventSeries:
             "(negative: it went sooner than predicted), observed when it leaves the queue.",
             POOL_MODEL,
             FORECAST_ERROR_BUCKETS_S,
+        )
+        self.loop_lag = histogram(
+            "kvgate_event_loop_lag_seconds",
+            "How late the gateway's event loop ran a timer due every 0.1 s: every socket read, write "
+            "and decision of this process waited about as long. Growing: the process is CPU-bound or "
+            "paused (a long garbage collection, a CPU limit throttling it).",
+            [],
+            LOOP_LAG_BUCKETS_S,
         )
         self.wait_budget = histogram(
             "kvgate_queue_wait_budget_ratio",

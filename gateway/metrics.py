@@ -101,6 +101,7 @@ class GatewayMetrics:
         self._source = work_source
         self._clock = clock
         self._events = EventSeries(r)
+        self._loop_lag = self._events.loop_lag.labels()
         r.register(BuildInfo())
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
@@ -156,6 +157,9 @@ class GatewayMetrics:
                 served=windows.served,
             )
         return series
+
+    def observe_loop_lag(self, seconds: float) -> None:
+        self._loop_lag.observe(seconds)
 
     def observe_ttft(self, pool: str, model: str, seconds: float) -> None:
         series = self._series.get((pool, model)) or self._series_for(pool, model)

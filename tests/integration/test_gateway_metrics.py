@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import importlib.metadata
 import platform
+import time
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -122,4 +123,26 @@ async def test_build_info_and_process_metrics_are_exported(fleet: SimFleet) -> N
         ]
         for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds"):
             assert len(series[name]) == 1 and series[name][0][1] > 0, name
+        await assert_idle(gw)
+
+
+async def test_a_stalled_event_loop_shows_in_the_loop_lag_histogram(fleet: SimFleet) -> None:
+    """The gateway serves on this test's event loop, so blocking it here stalls the gateway as a
+    long garbage collection or a CPU throttle would; the next wake-up of its lag timer says so."""
+    async with running_gateway(gateway_config(fleet.urls)) as gw, httpx.AsyncClient(base_url=gw.url) as http:
+        await asyncio.sleep(0.35)
+        before = await scraped(http)
+        quiet = dict((lbl["le"], v) for lbl, v in before["kvgate_event_loop_lag_seconds_bucket"])
+        assert before["kvgate_event_loop_lag_seconds_count"][0][1] >= 2
+        time.sleep(0.6)  # the loop itself stalls: nothing else in this process runs meanwhile
+        await asyncio.sleep(0.25)
+        after = await scraped(http)
+        stalled = dict((lbl["le"], v) for lbl, v in after["kvgate_event_loop_lag_seconds_bucket"])
+        late = (stalled["+Inf"] - stalled["0.25"]) - (quiet["+Inf"] - quiet["0.25"])
+        assert late == 1, (quiet, stalled)
+        assert (
+            after["kvgate_event_loop_lag_seconds_sum"][0][1]
+            - before["kvgate_event_loop_lag_seconds_sum"][0][1]
+            >= 0.4
+        )
         await assert_idle(gw)

@@ -339,7 +339,7 @@ def exposition(metrics: GatewayMetrics) -> list[str]:
     return [
         line
         for line in metrics.render().decode().splitlines()
-        if "kvgate_" in line and "kvgate_build_info" not in line and "_created{" not in line
+        if "kvgate_" in line and "kvgate_build_info" not in line and "_created" not in line.split(" ")[0]
     ]
 
 
