@@ -92,7 +92,8 @@ def render(results: list[PointResult], command: str, descriptors: int, plot_name
         "the tokens the clients received in it; in brackets less the gateway's idle CPU rate (health "
         "probes, scrapes) over as long.",
         f"- **Loop lag**: inside the gateway process a task sleeps {LAG_PERIOD_S * 1000:g} ms at a time "
-        "and records how late it wakes (the gateway exports no loop-lag metric); p99 over the window, "
+        "and records how late it wakes (finer than the 0.1 s timer of "
+        "`kvgate_event_loop_lag_seconds`); p99 over the window, "
         "in brackets idle before the streams. **Opening**: the largest lag while the streams were "
         "opening, and the full (generation 2) garbage collections from the first stream to the "
         "window's end with the longest.",
