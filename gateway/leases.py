@@ -1,10 +1,13 @@
 """The reservations' leases: renewed while their requests are served, released when they run out.
 
 Every reservation in the ledger has a lease (``admission.reservation_lease_s``). ``Leases`` holds
-the requests the proxy is serving and renews their reservations every third of a lease; a request
-that finished but still holds a reservation leaked it (a lost release: a bug), and its lease is left
-to run out. ``upkeep`` then releases what ran out, counts it in ``kvgate_reservations_expired_total``
-and logs it, so a leak costs capacity for one lease, never for ever.
+the requests the proxy is serving and renews their reservations every third of a lease, at most
+``RENEWALS_PER_TICK`` an upkeep: a pass over ten thousand open streams at once held the event loop
+22 to 25 ms (``docs/streams.md``), so a pass is spread over ticks (10,000 requests: 20 ticks, about
+a second), far inside the lease. A request that finished but still holds a reservation leaked it (a
+lost release: a bug), and its lease is left to run out. ``upkeep`` then releases what ran out,
+counts it in ``kvgate_reservations_expired_total`` and logs it, so a leak costs capacity for one
+lease, never for ever.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from gateway.metrics import GatewayMetrics
 from gateway.state import GatewayState, ProxyRequest
 
 log = logging.getLogger("kvgate.leases")
+
+RENEWALS_PER_TICK = 512
 
 
 class Leases:
@@ -31,6 +36,8 @@ class Leases:
         self._renewed_at_s = now_s
         self._held: dict[str, ProxyRequest] = {}
         """Requests holding a reservation, by id, until released."""
+        self._due: list[str] = []
+        """The current renewal pass: ids of held requests not renewed yet."""
 
     def hold(self, request: ProxyRequest) -> None:
         self._held[request.request_id] = request
@@ -44,8 +51,11 @@ class Leases:
 
     def upkeep(self, now_s: float) -> bool:
         """Renew what is due, release what ran out; True when something ran out (room freed)."""
-        if now_s - self._renewed_at_s >= self._lease_s / 3:
-            self.renew(now_s)
+        if not self._due and now_s - self._renewed_at_s >= self._lease_s / 3:
+            self._renewed_at_s = now_s
+            self._due = list(self._held)
+        if self._due:
+            self._renew_due(now_s)
         lapsed = self._ledger.expire(now_s)
         for held in lapsed:
             replica = self._state.replicas.get(held.replica_id)
@@ -61,12 +71,18 @@ class Leases:
             )
         return bool(lapsed)
 
-    def renew(self, now_s: float) -> None:
-        """Renew the reservation of every request the proxy still serves; a finished request that
-        still holds one leaked it, and its lease is left to run out."""
-        self._renewed_at_s = now_s
-        for request_id, request in list(self._held.items()):
+    def _renew_due(self, now_s: float) -> None:
+        """Renew the next ``RENEWALS_PER_TICK`` reservations of the pass whose requests the proxy
+        still serves; a finished request that still holds one leaked it, and its lease runs out."""
+        due = self._due
+        batch = due[-RENEWALS_PER_TICK:]
+        del due[-RENEWALS_PER_TICK:]
+        held = self._held
+        for request_id in batch:
+            request = held.get(request_id)
+            if request is None:
+                continue  # released since the pass began
             if request.finished:
-                del self._held[request_id]
+                del held[request_id]
             else:
                 self._ledger.renew(request_id, now_s)
