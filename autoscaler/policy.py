@@ -36,6 +36,7 @@ SCALE_OUT_OCCUPANCY_ITL = "scale_out_occupancy_itl"
 SCALE_OUT_QUEUE_WAIT = "scale_out_queue_wait"
 SCALE_OUT_TOKEN_RATE = "scale_out_token_rate"
 SCALE_OUT_SEQUENCES = "scale_out_sequences"
+SCALE_OUT_KV = "scale_out_kv"
 SCALE_IN_IDLE = "scale_in_idle"
 SCALE_IN_TOKEN_RATE = "scale_in_token_rate"
 HOLD = "hold"
@@ -50,6 +51,7 @@ REASONS = (
     SCALE_OUT_QUEUE_WAIT,
     SCALE_OUT_TOKEN_RATE,
     SCALE_OUT_SEQUENCES,
+    SCALE_OUT_KV,
     SCALE_IN_IDLE,
     SCALE_IN_TOKEN_RATE,
     HOLD,
@@ -146,7 +148,7 @@ class PoolAutoscaler:
         self._in_since_s: float | None = None
         self._shrink_since_s: float | None = None
         self._sized = math.inf
-        """Replicas that carry the served rates at ``scale_in_utilization_ratio`` (inf: no capacities)."""
+        """Replicas the latest sample needs at ``scale_in_utilization_ratio`` (inf: no capacities)."""
         self._desired: int | None = None
         self._last_out_s = -math.inf
         self._settled_s: float | None = -math.inf
@@ -243,14 +245,19 @@ class PoolAutoscaler:
     def _projected(self, s: PoolSignals, index: int) -> float:
         """The demand at ``index`` (1 prompt, 2 output) expected one cold start from now: the served
         rate, plus what arrives unserved (the output of the waiting requests in the same proportion
-        as their prompts), plus the growth of the served rate (its least-squares slope over the
-        growth window) over the cold start. Both are measured
+        as their prompts), plus the growth of the served rate (its least-squares slope, once samples
+        span half the growth window) over the cold start. Both are measured
         only at constant capacity (since the last change took effect): while replicas come up,
         served rates rise with capacity, not with demand."""
         current = s.prompt_tokens_per_s if index == 1 else s.output_tokens_per_s
         if len(self._rates) < 2:
             return current
-        growth = _slope([(r[0], r[index]) for r in self._rates])
+        span_s = self._rates[-1][0] - self._rates[0][0]
+        growth = (
+            _slope([(r[0], r[index]) for r in self._rates])
+            if span_s >= self.policy.growth_window_s / 2
+            else 0.0
+        )
         unserved = self._unserved()
         if index == 1:
             arriving = current + unserved
@@ -272,6 +279,11 @@ class PoolAutoscaler:
         if share is not None:
             best = replicas_for_rate(share, 1.0, p.target_utilization_ratio)
             parts.append(f"prefill_demand={prefill_rate:.0f}/s replica_share={share:.2f}->{best}")
+            kv = self._kv_share(s)
+            n = replicas_for_rate(kv, 1.0, p.scale_out_occupancy_ratio)
+            parts.append(f"kv_share={kv:.2f}->{n}")
+            if n > best:
+                best, reason = n, SCALE_OUT_KV
         if p.decode_sequences_per_replica is not None and s.role in (Role.DECODE, Role.MIXED):
             n = math.ceil(s.resident_sequences / p.decode_sequences_per_replica)
             parts.append(f"resident_sequences={s.resident_sequences}->{n}")
@@ -292,13 +304,23 @@ class PoolAutoscaler:
             configured = True
         return share if configured else None
 
+    def _kv_share(self, s: PoolSignals) -> float:
+        """Replicas' worth of KV cache in use, grown by the arrivals the pool leaves waiting, at most
+        doubled per evaluation as an HPA's scale-up is (the served rate lags a shift of the mix by
+        its window, the queue does not): a pool bound by KV rather than by tokens/s shows its
+        demand only there."""
+        unserved = self._unserved()
+        waiting = 1 + unserved / max(s.prompt_tokens_per_s, unserved) if unserved > 0 else 1.0
+        return s.kv_occupancy_ratio * s.replicas_ready * waiting
+
     def _sized_for(self, s: PoolSignals) -> float:
         """Replicas that carry the demand projected one cold start ahead (growth included, backlog
-        not) at the scale-in utilisation; inf when no capacity is configured."""
+        not) and hold the KV in use, at the scale-in utilisation; inf when no capacity is
+        configured."""
         share = self._share(s, self._projected(s, 1), self._projected(s, 2))
         if share is None:
             return math.inf
-        return replicas_for_rate(share, 1.0, self.policy.scale_in_utilization_ratio)
+        return replicas_for_rate(max(share, self._kv_share(s)), 1.0, self.policy.scale_in_utilization_ratio)
 
     def _record(self, desired: int, current: int, now_s: float) -> None:
         previous = self._desired if self._desired is not None else current

@@ -17,6 +17,7 @@ from autoscaler.policy import (
     SCALE_IN_IDLE,
     SCALE_IN_TOKEN_RATE,
     SCALE_OUT_BACKLOG_TTFT,
+    SCALE_OUT_KV,
     SCALE_OUT_OCCUPANCY_ITL,
     SCALE_OUT_OCCUPANCY_TTFT,
     SCALE_OUT_QUEUE_WAIT,
@@ -224,7 +225,7 @@ def test_growth_headroom_covers_the_cold_start() -> None:
 
 
 SIZED: dict[str, Any] = {"prefill_capacity_tokens_per_s": 10000, "decode_capacity_tokens_per_s": 1000}
-SERVING: dict[str, Any] = {"ttft_p95_s": 0.8, "itl_p95_s": 0.02, "kv_occupancy_ratio": 0.5}
+SERVING: dict[str, Any] = {"ttft_p95_s": 0.8, "itl_p95_s": 0.02, "kv_occupancy_ratio": 0.1}
 
 
 def test_served_rates_that_fit_fewer_replicas_scale_in_to_them_after_the_sizing_window() -> None:
@@ -260,6 +261,28 @@ def test_a_sizing_scale_in_leaves_room_below_the_target_utilization() -> None:
     from_eight = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=8, **rates, **SERVING)
     assert {r.desired_replicas for r in at_three} == {3}
     assert from_eight[-1].desired_replicas == 3
+
+
+def test_a_pool_bound_by_kv_is_sized_on_the_kv_in_use_and_keeps_the_replicas_holding_it() -> None:
+    """Long contexts fill the cache while tokens/s stay low: 0.9 of 4 replicas' KV is 3.6
+    replicas' worth, 5 keep it under the 0.8 full mark; the token rates alone fit one."""
+    rates = {"prompt_tokens_per_s": 2000.0, "output_tokens_per_s": 200.0}
+    full = PoolAutoscaler("chat", policy(**SIZED)).update(
+        sig(0, **{**SERVING, "kv_occupancy_ratio": 0.9}, **rates)
+    )
+    assert (full.desired_replicas, full.reason) == (5, SCALE_OUT_KV)
+    held = run(
+        PoolAutoscaler("chat", policy(**SIZED)),
+        0,
+        300,
+        replicas=8,
+        **{**SERVING, "kv_occupancy_ratio": 0.5},
+        **rates,
+    )
+    first_step = next(r for r in held if r.desired_replicas != 8)
+    assert (first_step.desired_replicas, first_step.reason) == (7, SCALE_IN_TOKEN_RATE), (
+        "4 replicas' worth of KV needs 7 at the 0.6 scale-in mark, though the token rates fit 1"
+    )
 
 
 def test_arrivals_a_saturated_pool_leaves_waiting_count_as_demand_with_the_backlog_they_build() -> None:
