@@ -9,14 +9,20 @@ target on a full pool is demand the fleet is not serving (on a pool with room it
 backlog already being cleared, still inside the latency window). Scale-in needs every phase
 idle and fast for the much longer ``scale_in_window_s``, never within ``scale_down_delay_s`` of a
 scale-out, and removes a smaller step: being short costs client-visible failures, being long costs
-money. Token-rate sizing ``N = ceil(R / (C x U_target))`` per phase sets a floor that applies at
-once: R is the served rate projected over the cold start at its current growth (the burst the cold
-start cannot absorb) plus, for prefill, the prompt tokens already waiting spread over
-``backlog_drain_s`` (the queue is the honest demand: served rates plateau at capacity whatever
-arrives); resident sequences over per-replica capacity bound decode the same way. A change takes
-effect when the ready replicas reach it (or one cold start later): until then the policy repeats
-its answer instead of asking again, and afterwards every window starts over, so the backlog a
-short fleet left behind is not read as demand for still more replicas. Pure: time comes from the samples.
+money. With per-replica capacities configured, sizing sets a floor that applies at once: each
+phase's demand over its capacity is a share of a replica (added up on a mixed pool, whose phases
+share each replica's time), ``N = ceil(share / U_target)``; demand is the served rate plus what
+arrives unserved (the growth of the prompt tokens waiting: a saturated pool serves at its ceiling
+whatever arrives), projected over the cold start at its growth, plus for prefill the backlog the
+asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
+``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
+stay under the full mark; resident sequences over per-replica capacity bound decode. The same
+sizing at the lower ``scale_in_utilization_ratio`` scales the pool in once it has held for
+``scale_in_sizing_window_s`` with every latency under its scale-out target: the gap between the two
+utilisations is the hysteresis, and a pool whose long prompts keep TTFT above the idle rule's mark
+still scales in. A change takes effect when the ready replicas reach it (or one cold start later):
+until then the policy repeats its answer instead of asking again (the backlog was sized into the
+ask), and afterwards every window starts over. Pure: time comes from the samples.
 """
 
 from __future__ import annotations
