@@ -9,14 +9,20 @@ target on a full pool is demand the fleet is not serving (on a pool with room it
 backlog already being cleared, still inside the latency window). Scale-in needs every phase
 idle and fast for the much longer ``scale_in_window_s``, never within ``scale_down_delay_s`` of a
 scale-out, and removes a smaller step: being short costs client-visible failures, being long costs
-money. Token-rate sizing ``N = ceil(R / (C x U_target))`` per phase sets a floor that applies at
-once: R is the served rate projected over the cold start at its current growth (the burst the cold
-start cannot absorb) plus, for prefill, the prompt tokens already waiting spread over
-``backlog_drain_s`` (the queue is the honest demand: served rates plateau at capacity whatever
-arrives); resident sequences over per-replica capacity bound decode the same way. A change takes
-effect when the ready replicas reach it (or one cold start later): until then the policy repeats
-its answer instead of asking again, and afterwards every window starts over, so the backlog a
-short fleet left behind is not read as demand for still more replicas. Pure: time comes from the samples.
+money. With per-replica capacities configured, sizing sets a floor that applies at once: each
+phase's demand over its capacity is a share of a replica (added up on a mixed pool, whose phases
+share each replica's time), ``N = ceil(share / U_target)``; demand is the served rate plus what
+arrives unserved (the growth of the prompt tokens waiting: a saturated pool serves at its ceiling
+whatever arrives), projected over the cold start at its growth, plus for prefill the backlog the
+asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
+``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
+stay under the full mark; resident sequences over per-replica capacity bound decode. The same
+sizing at the lower ``scale_in_utilization_ratio`` scales the pool in once it has held for
+``scale_in_sizing_window_s`` with every latency under its scale-out target: the gap between the two
+utilisations is the hysteresis, and a pool whose long prompts keep TTFT above the idle rule's mark
+still scales in. A change takes effect when the ready replicas reach it (or one cold start later):
+until then the policy repeats its answer instead of asking again (the backlog was sized into the
+ask), and afterwards every window starts over. Pure: time comes from the samples.
 """
 
 from __future__ import annotations
@@ -36,7 +42,9 @@ SCALE_OUT_OCCUPANCY_ITL = "scale_out_occupancy_itl"
 SCALE_OUT_QUEUE_WAIT = "scale_out_queue_wait"
 SCALE_OUT_TOKEN_RATE = "scale_out_token_rate"
 SCALE_OUT_SEQUENCES = "scale_out_sequences"
+SCALE_OUT_KV = "scale_out_kv"
 SCALE_IN_IDLE = "scale_in_idle"
+SCALE_IN_TOKEN_RATE = "scale_in_token_rate"
 HOLD = "hold"
 HOLD_COLD_START = "hold_cold_start"
 HOLD_STABILIZING = "hold_stabilizing"
@@ -49,7 +57,9 @@ REASONS = (
     SCALE_OUT_QUEUE_WAIT,
     SCALE_OUT_TOKEN_RATE,
     SCALE_OUT_SEQUENCES,
+    SCALE_OUT_KV,
     SCALE_IN_IDLE,
+    SCALE_IN_TOKEN_RATE,
     HOLD,
     HOLD_COLD_START,
     HOLD_STABILIZING,
@@ -108,6 +118,16 @@ def idle(s: PoolSignals, p: PoolPolicy) -> bool:
     return prefill_idle and decode_idle
 
 
+def _unhurried(s: PoolSignals, p: PoolPolicy) -> bool:
+    """No latency near its scale-out target: the served rates are the demand, not a ceiling the
+    fleet imposes (a saturated pool's served rates fill its replicas and never fit fewer)."""
+    return (
+        _fast(s.ttft_p95_s, p.scale_out_ttft_s)
+        and _fast(s.itl_p95_s, p.scale_out_itl_s)
+        and _fast(s.queue_wait_p95_s, p.scale_out_queue_wait_s)
+    )
+
+
 def _slow(value_s: float | None, limit_s: float) -> bool:
     return value_s is not None and value_s > limit_s
 
@@ -126,10 +146,15 @@ class PoolAutoscaler:
     def __init__(self, pool: str, policy: PoolPolicy) -> None:
         self.pool = pool
         self.policy = policy
-        self._rates: deque[tuple[float, float, float]] = deque()
+        self._rates: deque[tuple[float, float, float, float]] = deque()
+        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting), since the last change
+        took effect."""
         self._out_since_s: float | None = None
         self._out_reason: str | None = None
         self._in_since_s: float | None = None
+        self._shrink_since_s: float | None = None
+        self._sized = math.inf
+        """Replicas the latest sample needs at ``scale_in_utilization_ratio`` (inf: no capacities)."""
         self._desired: int | None = None
         self._last_out_s = -math.inf
         self._settled_s: float | None = -math.inf
@@ -164,6 +189,13 @@ class PoolAutoscaler:
             elif base > max(floor, p.min_replicas):
                 desired = max(base - max(1, math.floor(base * p.scale_in_step_ratio)), floor)
                 reason = SCALE_IN_IDLE
+        shrink_to = max(floor, self._sized, p.min_replicas)
+        if (
+            reason == HOLD
+            and self._held_s(self._shrink_since_s, now_s) >= p.scale_in_sizing_window_s
+            and base > shrink_to
+        ):
+            desired, reason = int(shrink_to), SCALE_IN_TOKEN_RATE
         if desired > p.max_replicas:
             desired, reason = p.max_replicas, MAX_REPLICAS
         if desired < p.min_replicas or (reason == HOLD and s.replicas_current < desired == p.min_replicas):
@@ -191,9 +223,16 @@ class PoolAutoscaler:
         elif self._in_since_s is None:
             self._in_since_s = s.time_s
         if self._settled_s is not None:
-            self._rates.append((s.time_s, s.prompt_tokens_per_s, s.output_tokens_per_s))
+            self._rates.append(
+                (s.time_s, s.prompt_tokens_per_s, s.output_tokens_per_s, s.prompt_tokens_queued)
+            )
         while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
             self._rates.popleft()
+        self._sized = self._sized_for(s)
+        if not (self._sized < s.replicas_current and _unhurried(s, p)):
+            self._shrink_since_s = None
+        elif self._shrink_since_s is None:
+            self._shrink_since_s = s.time_s
 
     def _held_s(self, since_s: float | None, now_s: float) -> float:
         """How long a condition has held, counting only since the last change took effect."""
@@ -201,37 +240,93 @@ class PoolAutoscaler:
             return -math.inf
         return now_s - max(since_s, self._settled_s)
 
+    def _unserved(self) -> float:
+        """Prompt tokens/s arriving beyond what is served: the growth of the prompt tokens waiting
+        since the previous sample (a saturated pool serves at its ceiling whatever arrives)."""
+        if len(self._rates) < 2:
+            return 0.0
+        previous, last = self._rates[-2], self._rates[-1]
+        return max(0.0, (last[3] - previous[3]) / (last[0] - previous[0])) if last[0] > previous[0] else 0.0
+
     def _projected(self, s: PoolSignals, index: int) -> float:
-        """The rate at ``index`` (1 prompt, 2 output) expected one cold start from now. Growth is
-        measured only at constant capacity (since the last change took effect): while replicas
-        come up, served rates rise with capacity, not with demand."""
+        """The demand at ``index`` (1 prompt, 2 output) expected one cold start from now: the served
+        rate, plus what arrives unserved (the output of the waiting requests in the same proportion
+        as their prompts), plus the growth of the served rate (its least-squares slope, once samples
+        span half the growth window) over the cold start. Both are measured
+        only at constant capacity (since the last change took effect): while replicas come up,
+        served rates rise with capacity, not with demand."""
         current = s.prompt_tokens_per_s if index == 1 else s.output_tokens_per_s
         if len(self._rates) < 2:
             return current
-        first, last = self._rates[0], self._rates[-1]
-        span_s = last[0] - first[0]
-        growth = (last[index] - first[index]) / span_s if span_s > 0 else 0.0
-        return current + max(0.0, growth) * self.policy.cold_start_s
+        span_s = self._rates[-1][0] - self._rates[0][0]
+        growth = (
+            _slope([(r[0], r[index]) for r in self._rates])
+            if span_s >= self.policy.growth_window_s / 2
+            else 0.0
+        )
+        unserved = self._unserved()
+        if index == 1:
+            arriving = current + unserved
+        else:
+            arriving = (
+                current * (1 + unserved / s.prompt_tokens_per_s) if s.prompt_tokens_per_s > 0 else current
+            )
+        return arriving + max(0.0, growth) * self.policy.cold_start_s
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
         p = self.policy
         best, reason, parts = 0, SCALE_OUT_TOKEN_RATE, []
-        if p.prefill_capacity_tokens_per_s is not None and s.role in (Role.PREFILL, Role.MIXED):
-            rate = self._projected(s, 1) + s.prompt_tokens_queued / p.backlog_drain_s
-            n = replicas_for_rate(rate, p.prefill_capacity_tokens_per_s, p.target_utilization_ratio)
-            parts.append(f"prefill_demand={rate:.0f}/s->{n}")
-            best = max(best, n)
-        if p.decode_capacity_tokens_per_s is not None and s.role in (Role.DECODE, Role.MIXED):
-            rate = self._projected(s, 2)
-            n = replicas_for_rate(rate, p.decode_capacity_tokens_per_s, p.target_utilization_ratio)
-            parts.append(f"decode_rate_projected={rate:.0f}/s->{n}")
-            best = max(best, n)
+        prefill_rate = self._projected(s, 1)
+        if self._settled_s is not None:
+            # The backlog replicas asked for now will find: what waits now and what arrives unserved
+            # until they serve. While asked-for replicas come up, that ask already covered it.
+            prefill_rate += (s.prompt_tokens_queued + self._unserved() * p.cold_start_s) / p.backlog_drain_s
+        share = self._share(s, prefill_rate, self._projected(s, 2))
+        if share is not None:
+            best = replicas_for_rate(share, 1.0, p.target_utilization_ratio)
+            parts.append(f"prefill_demand={prefill_rate:.0f}/s replica_share={share:.2f}->{best}")
+            kv = self._kv_share(s)
+            n = replicas_for_rate(kv, 1.0, p.scale_out_occupancy_ratio)
+            parts.append(f"kv_share={kv:.2f}->{n}")
+            if n > best:
+                best, reason = n, SCALE_OUT_KV
         if p.decode_sequences_per_replica is not None and s.role in (Role.DECODE, Role.MIXED):
             n = math.ceil(s.resident_sequences / p.decode_sequences_per_replica)
             parts.append(f"resident_sequences={s.resident_sequences}->{n}")
             if n > best:
                 best, reason = n, SCALE_OUT_SEQUENCES
         return best, reason, " ".join(parts)
+
+    def _share(self, s: PoolSignals, prefill_rate: float, decode_rate: float) -> float | None:
+        """Replicas' worth of work at full use: each configured phase's rate over its capacity,
+        added up on a mixed pool (its phases share each replica's time); None with no capacity."""
+        p = self.policy
+        share, configured = 0.0, False
+        if p.prefill_capacity_tokens_per_s is not None and s.role in (Role.PREFILL, Role.MIXED):
+            share += prefill_rate / p.prefill_capacity_tokens_per_s
+            configured = True
+        if p.decode_capacity_tokens_per_s is not None and s.role in (Role.DECODE, Role.MIXED):
+            share += decode_rate / p.decode_capacity_tokens_per_s
+            configured = True
+        return share if configured else None
+
+    def _kv_share(self, s: PoolSignals) -> float:
+        """Replicas' worth of KV cache in use, grown by the arrivals the pool leaves waiting, at most
+        doubled per evaluation as an HPA's scale-up is (the served rate lags a shift of the mix by
+        its window, the queue does not): a pool bound by KV rather than by tokens/s shows its
+        demand only there."""
+        unserved = self._unserved()
+        waiting = 1 + unserved / max(s.prompt_tokens_per_s, unserved) if unserved > 0 else 1.0
+        return s.kv_occupancy_ratio * s.replicas_ready * waiting
+
+    def _sized_for(self, s: PoolSignals) -> float:
+        """Replicas that carry the demand projected one cold start ahead (growth included, backlog
+        not) and hold the KV in use, at the scale-in utilisation; inf when no capacity is
+        configured."""
+        share = self._share(s, self._projected(s, 1), self._projected(s, 2))
+        if share is None:
+            return math.inf
+        return replicas_for_rate(max(share, self._kv_share(s)), 1.0, self.policy.scale_in_utilization_ratio)
 
     def _record(self, desired: int, current: int, now_s: float) -> None:
         previous = self._desired if self._desired is not None else current
@@ -242,6 +337,16 @@ class PoolAutoscaler:
             if desired > previous:
                 self._last_out_s = now_s
         self._desired = desired
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of ``(time, value)`` points: every sample of the window weighs in, so one
+    noisy sample at either end does not read as growth."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread if spread > 0 else 0.0
 
 
 def _fmt(value_s: float | None) -> str:

@@ -100,6 +100,25 @@ class PoolPolicy(BaseModel):
         ),
     )
 
+    scale_in_utilization_ratio: float = Field(
+        default=0.6,
+        gt=0,
+        le=1,
+        description=(
+            "With capacities configured, the pool scales in to ceil(R / (C x this)), R projected over "
+            "the cold start, once that is below the current count for scale_in_sizing_window_s with "
+            "latencies under their scale-out targets. Below target_utilization_ratio, so a scale-in "
+            "leaves room for growth before the next scale-out, 0..1. Default 0.6. Example: 0.5"
+        ),
+    )
+    scale_in_sizing_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description=(
+            "Seconds the projected rates must fit fewer replicas, without a break, before a scale-in "
+            "to them. Default 60. Example: 120"
+        ),
+    )
     target_utilization_ratio: float = Field(
         default=0.75,
         gt=0,
@@ -141,8 +160,10 @@ class PoolPolicy(BaseModel):
         default=60.0,
         gt=0,
         description=(
-            "Seconds in which token-rate sizing should also clear the prompt tokens already waiting: "
-            "the prefill rate sized is served rate + waiting tokens / this. Default 60. Example: 120"
+            "Seconds in which token-rate sizing should also clear the prompt backlog replicas asked for "
+            "now will find when they serve: the prompt tokens waiting plus those arriving unserved over "
+            "cold_start_s, divided by this, is added to the prefill rate sized (not while asked-for "
+            "replicas come up). Default 60. Example: 120"
         ),
     )
     growth_window_s: float = Field(
@@ -162,6 +183,8 @@ class PoolPolicy(BaseModel):
             problems.append("scale_in_ttft_s must be below scale_out_ttft_s (seconds)")
         if self.scale_in_itl_s >= self.scale_out_itl_s:
             problems.append("scale_in_itl_s must be below scale_out_itl_s (seconds)")
+        if self.scale_in_utilization_ratio >= self.target_utilization_ratio:
+            problems.append("scale_in_utilization_ratio must be below target_utilization_ratio (ratio)")
         if self.scale_in_prefill_tokens_per_replica >= self.scale_out_prefill_tokens_per_replica:
             problems.append(
                 "scale_in_prefill_tokens_per_replica must be below scale_out_prefill_tokens_per_replica"

@@ -55,6 +55,7 @@ def scaled_policy(plan: RealPlan) -> dict[str, Any]:
             "max_replicas": 8,
             "scale_out_window_s": 60.0 / SCALE_RATIO,
             "scale_in_window_s": 600.0 / SCALE_RATIO,
+            "scale_in_sizing_window_s": 60.0 / SCALE_RATIO,
             "scale_down_delay_s": 300.0 / SCALE_RATIO,
             "growth_window_s": 60.0 / SCALE_RATIO,
             "backlog_drain_s": 60.0 / SCALE_RATIO,

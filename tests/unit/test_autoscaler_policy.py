@@ -15,7 +15,9 @@ from autoscaler.policy import (
     MAX_REPLICAS,
     MIN_REPLICAS,
     SCALE_IN_IDLE,
+    SCALE_IN_TOKEN_RATE,
     SCALE_OUT_BACKLOG_TTFT,
+    SCALE_OUT_KV,
     SCALE_OUT_OCCUPANCY_ITL,
     SCALE_OUT_OCCUPANCY_TTFT,
     SCALE_OUT_QUEUE_WAIT,
@@ -202,7 +204,9 @@ def test_token_rate_sizing_applies_at_once() -> None:
     assert replicas_for_rate(7500, 10000, 0.75) == 1
     p = policy(prefill_capacity_tokens_per_s=10000, decode_capacity_tokens_per_s=1000, growth_window_s=60)
     rec = PoolAutoscaler("chat", p).update(sig(0, prompt_tokens_per_s=60000, output_tokens_per_s=1500))
-    assert (rec.desired_replicas, rec.reason) == (8, SCALE_OUT_TOKEN_RATE)
+    assert (rec.desired_replicas, rec.reason) == (10, SCALE_OUT_TOKEN_RATE), (
+        "a mixed pool's phases share each replica's time: (6 + 1.5) replicas' worth at 0.75"
+    )
     decode = PoolAutoscaler("d", p).update(
         sig(0, role=Role.DECODE, prompt_tokens_per_s=60000, output_tokens_per_s=3000)
     )
@@ -218,6 +222,95 @@ def test_growth_headroom_covers_the_cold_start() -> None:
         growing_rec = growing.update(sig(i * STEP_S, prompt_tokens_per_s=22500 - (4 - i) * 1500))
     assert steady_rec.desired_replicas == 4
     assert growing_rec.desired_replicas == replicas_for_rate(22500 + 100 * 60, 10000, 0.75)
+
+
+SIZED: dict[str, Any] = {"prefill_capacity_tokens_per_s": 10000, "decode_capacity_tokens_per_s": 1000}
+SERVING: dict[str, Any] = {"ttft_p95_s": 0.8, "itl_p95_s": 0.02, "kv_occupancy_ratio": 0.1}
+
+
+def test_served_rates_that_fit_fewer_replicas_scale_in_to_them_after_the_sizing_window() -> None:
+    """Long prompts keep TTFT p95 above the idle rule's 0.4 s at any load; the capacities say
+    (0.6 + 0.6) replicas' worth is served, which two carry at 0.6 utilisation."""
+    recs = run(
+        PoolAutoscaler("chat", policy(**SIZED)),
+        0,
+        120,
+        replicas=8,
+        prompt_tokens_per_s=6000.0,
+        output_tokens_per_s=600.0,
+        **SERVING,
+    )
+    assert [r.desired_replicas for r in recs] == [8, 8, 8, 8, 2, 2, 2, 2, 2]
+    assert recs[4].reason == SCALE_IN_TOKEN_RATE
+
+
+@pytest.mark.parametrize(
+    "hurry",
+    [{"ttft_p95_s": 2.0}, {"itl_p95_s": 0.2}, {"queue_wait_p95_s": 3.0}],
+)
+def test_no_sizing_scale_in_while_a_latency_is_above_its_scale_out_target(hurry: dict[str, Any]) -> None:
+    values = {**SERVING, "prompt_tokens_per_s": 6000.0, "output_tokens_per_s": 600.0, **hurry}
+    recs = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=8, **values)
+    assert min(r.desired_replicas for r in recs) == 8
+
+
+def test_a_sizing_scale_in_leaves_room_below_the_target_utilization() -> None:
+    """1.5 replicas' worth: 2 at the 0.75 target, 3 at the 0.6 scale-in utilisation."""
+    rates = {"prompt_tokens_per_s": 7500.0, "output_tokens_per_s": 750.0}
+    at_three = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=3, **rates, **SERVING)
+    from_eight = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=8, **rates, **SERVING)
+    assert {r.desired_replicas for r in at_three} == {3}
+    assert from_eight[-1].desired_replicas == 3
+
+
+def test_a_pool_bound_by_kv_is_sized_on_the_kv_in_use_and_keeps_the_replicas_holding_it() -> None:
+    """Long contexts fill the cache while tokens/s stay low: 0.9 of 4 replicas' KV is 3.6
+    replicas' worth, 5 keep it under the 0.8 full mark; the token rates alone fit one."""
+    rates = {"prompt_tokens_per_s": 2000.0, "output_tokens_per_s": 200.0}
+    full = PoolAutoscaler("chat", policy(**SIZED)).update(
+        sig(0, **{**SERVING, "kv_occupancy_ratio": 0.9}, **rates)
+    )
+    assert (full.desired_replicas, full.reason) == (5, SCALE_OUT_KV)
+    held = run(
+        PoolAutoscaler("chat", policy(**SIZED)),
+        0,
+        300,
+        replicas=8,
+        **{**SERVING, "kv_occupancy_ratio": 0.5},
+        **rates,
+    )
+    first_step = next(r for r in held if r.desired_replicas != 8)
+    assert (first_step.desired_replicas, first_step.reason) == (7, SCALE_IN_TOKEN_RATE), (
+        "4 replicas' worth of KV needs 7 at the 0.6 scale-in mark, though the token rates fit 1"
+    )
+
+
+def test_arrivals_a_saturated_pool_leaves_waiting_count_as_demand_with_the_backlog_they_build() -> None:
+    """Served 10k prompt tokens/s flat while 10k/s more pile up: demand is 20k/s, and replicas
+    asked for now find the backlog plus a cold start of that surplus, cleared over 60 s."""
+    p = policy(prefill_capacity_tokens_per_s=10000, cold_start_s=60, backlog_drain_s=60)
+    scaler = PoolAutoscaler("chat", p)
+    first = scaler.update(sig(0, replicas=2, prompt_tokens_per_s=10000.0, **SERVING))
+    second = scaler.update(
+        sig(15, replicas=2, prompt_tokens_per_s=10000.0, prompt_tokens_queued=150000, **SERVING)
+    )
+    assert first.desired_replicas == 2
+    expected = replicas_for_rate(20000 + (150000 + 10000 * 60) / 60, 10000, 0.75)
+    assert (second.desired_replicas, second.reason) == (expected, SCALE_OUT_TOKEN_RATE)
+    during = [
+        scaler.update(
+            sig(
+                t,
+                replicas=expected,
+                replicas_ready=2,
+                prompt_tokens_per_s=10000.0,
+                prompt_tokens_queued=150000 + 150000 * i,
+                **SERVING,
+            )
+        )
+        for i, t in enumerate((30, 45, 60), start=1)
+    ]
+    assert {r.desired_replicas for r in during} == {expected}, "the ask covered the backlog they will find"
 
 
 def test_resident_sequences_floor_for_decode() -> None:

@@ -1,0 +1,47 @@
+"""The command line of ``python -m loadtest.autoscale_lab`` (see the package's docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import loadtest.autoscale_lab as package
+from loadtest.autoscale_lab.compare import POLICIES, SEED, run_scenario
+from loadtest.autoscale_lab.measures import table
+from loadtest.autoscale_lab.plots import plot
+from loadtest.autoscale_lab.scenarios import FULL, SCENARIOS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m loadtest.autoscale_lab",
+        description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--scenario", default="all", help=f"all, or some of {','.join(SCENARIOS)}")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="default: all four")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--plots", default="docs", help="folder for autoscale-lab-<scenario>.png ('' for none)"
+    )
+    args = parser.parse_args(argv)
+    names = FULL if args.scenario == "all" else tuple(args.scenario.split(","))
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    started = time.perf_counter()
+    for name in names:
+        result = run_scenario(
+            name, args.seed, args.policies.split(","), progress=lambda line: print(line, flush=True)
+        )
+        print(table(result), flush=True)
+        if args.plots:
+            print(f"  plot: {plot(result, Path(args.plots) / f'autoscale-lab-{name}.png')}", flush=True)
+    print(f"done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
