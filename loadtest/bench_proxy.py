@@ -41,16 +41,16 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
-import httptools
 import orjson
 import psutil
 
 from loadtest.client import wait_until_ok
 from loadtest.ports import free_ports
 from loadtest.proxy_report import ProxyFigures, ScenarioFigures, write_proxy_report
+from loadtest.raw_http import RequestProtocol
 
 if TYPE_CHECKING:
     from gateway.decision_path import DecisionPath
@@ -69,40 +69,22 @@ NON_STREAM_BODY = orjson.dumps(NON_STREAM_REQUEST)
 JSON_HEADERS = {"content-type": "application/json"}
 
 
-class _BackendProtocol(asyncio.Protocol):
+class _BackendProtocol(RequestProtocol):
     """HTTP/1.1 keep-alive server answering every POST at once: JSON, or ``max_tokens`` SSE chunks."""
 
+    __slots__ = ("_pace_ms",)
+
     def __init__(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._body = bytearray()
+        super().__init__()
         self._pace_ms = 0.0
-        self._url = b""
-        self._header_name = b""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError:
-            assert self._transport is not None
-            self._transport.close()
 
     def on_message_begin(self) -> None:
-        self._body = bytearray()
+        super().on_message_begin()
         self._pace_ms = 0.0
-
-    def on_url(self, url: bytes) -> None:
-        self._url = url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == PACE_HEADER.encode():
             self._pace_ms = float(value)
-
-    def on_body(self, body: bytes) -> None:
-        self._body += body
 
     def on_message_complete(self) -> None:
         assert self._transport is not None

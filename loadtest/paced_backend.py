@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import cast
 
-import httptools
 import orjson
+
+from loadtest.raw_http import RequestProtocol
 
 ITL_HEADER = b"x-bench-itl-ms"
 _HEAD = (
@@ -86,56 +86,26 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> bytes:
     )
 
 
-class PacedBackend(asyncio.Protocol):
+class PacedBackend(RequestProtocol):
     """One keep-alive connection; one stream at a time on it, as HTTP/1.1 clients use them."""
 
-    __slots__ = (
-        "_body",
-        "_itl_s",
-        "_left",
-        "_loop",
-        "_method",
-        "_next_s",
-        "_parser",
-        "_transport",
-        "_url",
-        "_usage",
-    )
+    __slots__ = ("_itl_s", "_left", "_loop", "_next_s", "_usage")
 
     def __init__(self) -> None:
-        self._parser = httptools.HttpRequestParser(self)
+        super().__init__()
         self._loop = asyncio.get_running_loop()
-        self._transport: asyncio.Transport | None = None
-        self._body = bytearray()
-        self._url = b""
         self._itl_s = 0.0
         self._left = 0
         self._next_s = 0.0
         self._usage = b""
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError:
-            assert self._transport is not None
-            self._transport.close()
-
     def on_message_begin(self) -> None:
-        self._body = bytearray()
+        super().on_message_begin()
         self._itl_s = 0.0
-
-    def on_url(self, url: bytes) -> None:
-        self._url = url
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == ITL_HEADER:
             self._itl_s = float(value) / 1000
-
-    def on_body(self, body: bytes) -> None:
-        self._body += body
 
     def on_message_complete(self) -> None:
         transport = self._transport
