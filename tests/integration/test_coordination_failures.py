@@ -98,8 +98,16 @@ async def private_redis(password: str | None = None) -> AsyncIterator[PrivateRed
             await server.stop()
 
 
-def config_for(fleet: SimFleet, redis_url: str, namespace: str, fail_mode: str) -> Any:
-    coordination = {"redis_url": redis_url, "namespace": namespace, "fail_mode": fail_mode, **FAST_SYNC}
+def config_for(
+    fleet: SimFleet, redis_url: str, namespace: str, fail_mode: str, lease_s: float = FAST_SYNC["lease_s"]
+) -> Any:
+    coordination = {
+        "redis_url": redis_url,
+        "namespace": namespace,
+        "fail_mode": fail_mode,
+        **FAST_SYNC,
+        "lease_s": lease_s,
+    }
     return gateway_config(fleet.urls, routing={"warmup_s": 0}, coordination=coordination)
 
 
@@ -229,7 +237,9 @@ async def test_redis_stopped_under_two_gateways_then_restarted(
     caplog.set_level(logging.INFO, logger="kvgate.coordination")
     async with private_redis() as server, SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet:
         replica = fleet.urls[0]
-        config = config_for(fleet, server.url(), "kvgate", fail_mode)
+        # A lease of 3 s: what this test reads (up, refused, back) follows Redis's state, and a
+        # loaded machine can stall a 50 ms sync loop past a 1 s lease without Redis doing anything.
+        config = config_for(fleet, server.url(), "kvgate", fail_mode, lease_s=3.0)
         async with (
             running_gateway(config) as gw_a,
             running_gateway(config) as gw_b,
