@@ -17,7 +17,8 @@ whatever arrives), projected over the cold start at its growth, plus for prefill
 asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
 ``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
 stay under the full mark; resident sequences over per-replica capacity bound decode. The same
-sizing with ``scale_in_hysteresis_replicas`` of work added scales the pool in, to the most any
+sizing, the KV in use also projected over the cold start at its growth, with
+``scale_in_hysteresis_replicas`` of work added scales the pool in, to the most any
 sample of the window needed, once it has held for ``scale_in_sizing_window_s`` with every latency
 under its scale-out target: the hysteresis is in replicas, as the noise of the rates is, and a pool
 whose long prompts keep TTFT above the idle rule's mark still scales in. Within
@@ -159,6 +160,9 @@ class PoolAutoscaler:
         self._sized = math.inf
         """The most replicas a sample of the current sizing window needs with the scale-in
         hysteresis (inf: no capacities): the window's spread is noise the step in must absorb."""
+        self._kv_in_use: deque[tuple[float, float]] = deque()
+        """(time, replicas' worth of KV in use) over the last ``scale_down_delay_s``, changes
+        included: the KV sequences hold does not depend on how many replicas hold it."""
         self._floor_previous = 0
         """The previous sample's floor: after a scale-in, the floor is the lower of the last two."""
         self._last_in_s = -math.inf
@@ -239,6 +243,9 @@ class PoolAutoscaler:
             )
         while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
             self._rates.popleft()
+        self._kv_in_use.append((s.time_s, s.kv_occupancy_ratio * s.replicas_ready))
+        while self._kv_in_use[0][0] < s.time_s - p.scale_down_delay_s:
+            self._kv_in_use.popleft()
         sized = self._sized_for(s)
         if not (sized < s.replicas_current and _unhurried(s, p)):
             self._shrink_since_s = None
@@ -334,13 +341,17 @@ class PoolAutoscaler:
 
     def _sized_for(self, s: PoolSignals) -> float:
         """Replicas that carry the demand projected one cold start ahead (growth included, backlog
-        not) and hold the KV in use, with the scale-in hysteresis; inf when no capacity is
-        configured."""
+        not) and hold the KV in use projected the same way, its growth measured over
+        ``scale_down_delay_s`` (sessions filling the cache while the token rates fall still need the
+        replicas a step in would remove; over a shorter window a cache that only fluctuates reads
+        as growing), with the scale-in hysteresis; inf when no capacity is configured."""
         p = self.policy
         share = self._share(s, self._projected(s, 1), self._projected(s, 2))
         if share is None:
             return math.inf
-        work = max(share, self._kv_share(s))
+        kv = list(self._kv_in_use)
+        kv_growth = max(0.0, _slope(kv)) if kv[-1][0] - kv[0][0] >= p.scale_down_delay_s / 2 else 0.0
+        work = max(share, self._kv_share(s) + kv_growth * p.cold_start_s)
         return replicas_for_rate(work + p.scale_in_hysteresis_replicas, 1.0, p.target_utilization_ratio)
 
     def _record(self, desired: int, current: int, now_s: float) -> None:

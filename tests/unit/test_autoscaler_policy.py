@@ -303,6 +303,30 @@ def test_after_a_scale_in_one_sample_above_the_fewer_replicas_is_noise_and_two_a
     assert twice[-1].reason == SCALE_OUT_KV
 
 
+def test_kv_in_use_growing_holds_the_replicas_a_step_in_would_remove() -> None:
+    """Token rates fit one replica of eight; TTFT above its scale-out target holds every step in
+    for the first 150 s. Then 2 replicas' worth of KV held flat steps in to ceil(2.5 / 0.75) = 4;
+    the same KV rising by 0.01 of a replica a second (its slope over scale_down_delay_s) is 1.2
+    more one 120 s cold start ahead and keeps at least 6."""
+    rates = {"prompt_tokens_per_s": 1000.0, "output_tokens_per_s": 100.0}
+
+    def first_step(slope: float) -> Recommendation:
+        scaler = PoolAutoscaler("chat", policy(**SIZED))
+        for k in range(40):
+            t = k * STEP_S
+            values = {**SERVING, "kv_occupancy_ratio": (2.0 + slope * (t - 150)) / 8}
+            if t <= 150:
+                values["ttft_p95_s"] = 2.0
+            rec = scaler.update(sig(t, replicas=8, **values, **rates))
+            if rec.desired_replicas != 8:
+                return rec
+        raise AssertionError("never stepped in")
+
+    flat, rising = first_step(0.0), first_step(0.01)
+    assert (flat.desired_replicas, flat.reason) == (4, SCALE_IN_TOKEN_RATE)
+    assert rising.reason == SCALE_IN_TOKEN_RATE and rising.desired_replicas >= 6
+
+
 def test_the_sizing_scale_in_hysteresis_is_in_replicas_whatever_the_fleet() -> None:
     """4 replicas' worth steps in to ceil((4 + 0.5) / 0.75) = 6, where a 0.6 utilisation would keep
     7 (a quarter of the fleet idle); half a replica's worth stays on two, ceil(1 / 0.75), where a
