@@ -17,12 +17,16 @@ whatever arrives), projected over the cold start at its growth, plus for prefill
 asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
 ``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
 stay under the full mark; resident sequences over per-replica capacity bound decode. The same
-sizing at the lower ``scale_in_utilization_ratio`` scales the pool in once it has held for
-``scale_in_sizing_window_s`` with every latency under its scale-out target: the gap between the two
-utilisations is the hysteresis, and a pool whose long prompts keep TTFT above the idle rule's mark
-still scales in. A change takes effect when the ready replicas reach it (or one cold start later):
-until then the policy repeats its answer instead of asking again (the backlog was sized into the
-ask), and afterwards every window starts over. Pure: time comes from the samples.
+sizing, the KV in use also projected over the cold start at its growth, with
+``scale_in_hysteresis_replicas`` of work added scales the pool in, to the most any
+sample of the window needed, once it has held for ``scale_in_sizing_window_s`` with every latency
+under its scale-out target: the hysteresis is in replicas, as the noise of the rates is, and a pool
+whose long prompts keep TTFT above the idle rule's mark still scales in. Within
+``scale_down_delay_s`` after a step in, the floor is the lower of the last two samples' (one sample
+above the fewer replicas is noise the step did not see, two are demand). A change takes effect
+when the ready replicas reach it (or one cold start later): until then the policy repeats its
+answer instead of asking again (the backlog was sized into the ask), and afterwards every window
+starts over. Pure: time comes from the samples.
 """
 
 from __future__ import annotations
@@ -154,7 +158,14 @@ class PoolAutoscaler:
         self._in_since_s: float | None = None
         self._shrink_since_s: float | None = None
         self._sized = math.inf
-        """Replicas the latest sample needs at ``scale_in_utilization_ratio`` (inf: no capacities)."""
+        """The most replicas a sample of the current sizing window needs with the scale-in
+        hysteresis (inf: no capacities): the window's spread is noise the step in must absorb."""
+        self._kv_in_use: deque[tuple[float, float]] = deque()
+        """(time, replicas' worth of KV in use) over the last ``scale_down_delay_s``, changes
+        included: the KV sequences hold does not depend on how many replicas hold it."""
+        self._floor_previous = 0
+        """The previous sample's floor: after a scale-in, the floor is the lower of the last two."""
+        self._last_in_s = -math.inf
         self._desired: int | None = None
         self._last_out_s = -math.inf
         self._settled_s: float | None = -math.inf
@@ -170,6 +181,10 @@ class PoolAutoscaler:
         settled = self._settled_s is not None
         base = s.replicas_current if settled or self._desired is None else self._desired
         floor, floor_reason, floor_detail = self._floor(s)
+        if now_s - self._last_in_s < p.scale_down_delay_s:
+            floor, self._floor_previous = min(floor, self._floor_previous), floor
+        else:
+            self._floor_previous = floor
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
             f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
@@ -228,11 +243,16 @@ class PoolAutoscaler:
             )
         while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
             self._rates.popleft()
-        self._sized = self._sized_for(s)
-        if not (self._sized < s.replicas_current and _unhurried(s, p)):
+        self._kv_in_use.append((s.time_s, s.kv_occupancy_ratio * s.replicas_ready))
+        while self._kv_in_use[0][0] < s.time_s - p.scale_down_delay_s:
+            self._kv_in_use.popleft()
+        sized = self._sized_for(s)
+        if not (sized < s.replicas_current and _unhurried(s, p)):
             self._shrink_since_s = None
         elif self._shrink_since_s is None:
-            self._shrink_since_s = s.time_s
+            self._shrink_since_s, self._sized = s.time_s, sized
+        else:
+            self._sized = max(self._sized, sized)
 
     def _held_s(self, since_s: float | None, now_s: float) -> float:
         """How long a condition has held, counting only since the last change took effect."""
@@ -321,12 +341,18 @@ class PoolAutoscaler:
 
     def _sized_for(self, s: PoolSignals) -> float:
         """Replicas that carry the demand projected one cold start ahead (growth included, backlog
-        not) and hold the KV in use, at the scale-in utilisation; inf when no capacity is
-        configured."""
+        not) and hold the KV in use projected the same way, its growth measured over
+        ``scale_down_delay_s`` (sessions filling the cache while the token rates fall still need the
+        replicas a step in would remove; over a shorter window a cache that only fluctuates reads
+        as growing), with the scale-in hysteresis; inf when no capacity is configured."""
+        p = self.policy
         share = self._share(s, self._projected(s, 1), self._projected(s, 2))
         if share is None:
             return math.inf
-        return replicas_for_rate(max(share, self._kv_share(s)), 1.0, self.policy.scale_in_utilization_ratio)
+        kv = list(self._kv_in_use)
+        kv_growth = max(0.0, _slope(kv)) if kv[-1][0] - kv[0][0] >= p.scale_down_delay_s / 2 else 0.0
+        work = max(share, self._kv_share(s) + kv_growth * p.cold_start_s)
+        return replicas_for_rate(work + p.scale_in_hysteresis_replicas, 1.0, p.target_utilization_ratio)
 
     def _record(self, desired: int, current: int, now_s: float) -> None:
         previous = self._desired if self._desired is not None else current
@@ -334,8 +360,11 @@ class PoolAutoscaler:
             self._changed_s = now_s
             self._settled_s = None
             self._rates.clear()
+            self._shrink_since_s = None
             if desired > previous:
                 self._last_out_s = now_s
+            else:
+                self._last_in_s = now_s
         self._desired = desired
 
 

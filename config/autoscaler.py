@@ -100,15 +100,16 @@ class PoolPolicy(BaseModel):
         ),
     )
 
-    scale_in_utilization_ratio: float = Field(
-        default=0.6,
-        gt=0,
-        le=1,
+    scale_in_hysteresis_replicas: float = Field(
+        default=0.5,
+        ge=0,
         description=(
-            "With capacities configured, the pool scales in to ceil(R / (C x this)), R projected over "
-            "the cold start, once that is below the current count for scale_in_sizing_window_s with "
-            "latencies under their scale-out targets. Below target_utilization_ratio, so a scale-in "
-            "leaves room for growth before the next scale-out, 0..1. Default 0.6. Example: 0.5"
+            "With capacities configured, the pool scales in to ceil((R / C + this) / "
+            "target_utilization_ratio), R projected over the cold start, once that is below the current "
+            "count for scale_in_sizing_window_s with latencies under their scale-out targets: the "
+            "hysteresis in replicas' worth of work, the same at one replica as at twenty (a margin in "
+            "utilisation is narrower than the noise of 60 s rates on a small pool and wider than it "
+            "on a large one), replicas. Default 0.5. Example: 1"
         ),
     )
     scale_in_sizing_window_s: float = Field(
@@ -183,8 +184,6 @@ class PoolPolicy(BaseModel):
             problems.append("scale_in_ttft_s must be below scale_out_ttft_s (seconds)")
         if self.scale_in_itl_s >= self.scale_out_itl_s:
             problems.append("scale_in_itl_s must be below scale_out_itl_s (seconds)")
-        if self.scale_in_utilization_ratio >= self.target_utilization_ratio:
-            problems.append("scale_in_utilization_ratio must be below target_utilization_ratio (ratio)")
         if self.scale_in_prefill_tokens_per_replica >= self.scale_out_prefill_tokens_per_replica:
             problems.append(
                 "scale_in_prefill_tokens_per_replica must be below scale_out_prefill_tokens_per_replica"

@@ -230,7 +230,8 @@ SERVING: dict[str, Any] = {"ttft_p95_s": 0.8, "itl_p95_s": 0.02, "kv_occupancy_r
 
 def test_served_rates_that_fit_fewer_replicas_scale_in_to_them_after_the_sizing_window() -> None:
     """Long prompts keep TTFT p95 above the idle rule's 0.4 s at any load; the capacities say
-    (0.6 + 0.6) replicas' worth is served, which two carry at 0.6 utilisation."""
+    (0.6 + 0.6) replicas' worth is served, which three carry with half a replica of hysteresis:
+    ceil((1.2 + 0.5) / 0.75) = 3."""
     recs = run(
         PoolAutoscaler("chat", policy(**SIZED)),
         0,
@@ -240,7 +241,7 @@ def test_served_rates_that_fit_fewer_replicas_scale_in_to_them_after_the_sizing_
         output_tokens_per_s=600.0,
         **SERVING,
     )
-    assert [r.desired_replicas for r in recs] == [8, 8, 8, 8, 2, 2, 2, 2, 2]
+    assert [r.desired_replicas for r in recs] == [8, 8, 8, 8, 3, 3, 3, 3, 3]
     assert recs[4].reason == SCALE_IN_TOKEN_RATE
 
 
@@ -255,7 +256,7 @@ def test_no_sizing_scale_in_while_a_latency_is_above_its_scale_out_target(hurry:
 
 
 def test_a_sizing_scale_in_leaves_room_below_the_target_utilization() -> None:
-    """1.5 replicas' worth: 2 at the 0.75 target, 3 at the 0.6 scale-in utilisation."""
+    """1.5 replicas' worth: 2 at the 0.75 target, 3 with half a replica of hysteresis."""
     rates = {"prompt_tokens_per_s": 7500.0, "output_tokens_per_s": 750.0}
     at_three = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=3, **rates, **SERVING)
     from_eight = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=8, **rates, **SERVING)
@@ -280,9 +281,63 @@ def test_a_pool_bound_by_kv_is_sized_on_the_kv_in_use_and_keeps_the_replicas_hol
         **rates,
     )
     first_step = next(r for r in held if r.desired_replicas != 8)
-    assert (first_step.desired_replicas, first_step.reason) == (7, SCALE_IN_TOKEN_RATE), (
-        "4 replicas' worth of KV needs 7 at the 0.6 scale-in mark, though the token rates fit 1"
+    assert (first_step.desired_replicas, first_step.reason) == (6, SCALE_IN_TOKEN_RATE), (
+        "4 replicas' worth of KV plus the half-replica hysteresis needs 6 at the 0.75 target, "
+        "though the token rates fit 1"
     )
+
+
+def test_after_a_scale_in_one_sample_above_the_fewer_replicas_is_noise_and_two_are_demand() -> None:
+    """Occupancy moves by a long sequence's worth between two reads on a small pool: within the
+    stabilisation window after a step in, the floor is the lower of the last two samples'."""
+    rates = {"prompt_tokens_per_s": 1000.0, "output_tokens_per_s": 100.0}
+    scaler = PoolAutoscaler("chat", policy(**SIZED))
+    recs = run(scaler, 0, 120, replicas=2, **rates, **SERVING)
+    assert recs[-1].desired_replicas == 1
+    t = 135.0
+    spike = {**SERVING, "kv_occupancy_ratio": 0.9}
+    once = scaler.update(sig(t, replicas=1, **rates, **spike))
+    calm = scaler.update(sig(t + STEP_S, replicas=1, **rates, **SERVING))
+    twice = [scaler.update(sig(t + k * STEP_S, replicas=1, **rates, **spike)) for k in (2, 3)]
+    assert [r.desired_replicas for r in (once, calm, *twice)] == [1, 1, 1, 2]
+    assert twice[-1].reason == SCALE_OUT_KV
+
+
+def test_kv_in_use_growing_holds_the_replicas_a_step_in_would_remove() -> None:
+    """Token rates fit one replica of eight; TTFT above its scale-out target holds every step in
+    for the first 150 s. Then 2 replicas' worth of KV held flat steps in to ceil(2.5 / 0.75) = 4;
+    the same KV rising by 0.01 of a replica a second (its slope over scale_down_delay_s) is 1.2
+    more one 120 s cold start ahead and keeps at least 6."""
+    rates = {"prompt_tokens_per_s": 1000.0, "output_tokens_per_s": 100.0}
+
+    def first_step(slope: float) -> Recommendation:
+        scaler = PoolAutoscaler("chat", policy(**SIZED))
+        for k in range(40):
+            t = k * STEP_S
+            values = {**SERVING, "kv_occupancy_ratio": (2.0 + slope * (t - 150)) / 8}
+            if t <= 150:
+                values["ttft_p95_s"] = 2.0
+            rec = scaler.update(sig(t, replicas=8, **values, **rates))
+            if rec.desired_replicas != 8:
+                return rec
+        raise AssertionError("never stepped in")
+
+    flat, rising = first_step(0.0), first_step(0.01)
+    assert (flat.desired_replicas, flat.reason) == (4, SCALE_IN_TOKEN_RATE)
+    assert rising.reason == SCALE_IN_TOKEN_RATE and rising.desired_replicas >= 6
+
+
+def test_the_sizing_scale_in_hysteresis_is_in_replicas_whatever_the_fleet() -> None:
+    """4 replicas' worth steps in to ceil((4 + 0.5) / 0.75) = 6, where a 0.6 utilisation would keep
+    7 (a quarter of the fleet idle); half a replica's worth stays on two, ceil(1 / 0.75), where a
+    0.6 utilisation would step in to one and the next 60 s of noise out again."""
+    rates = {"prompt_tokens_per_s": 20000.0, "output_tokens_per_s": 2000.0}
+    large = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=8, **rates, **SERVING)
+    assert (large[-1].desired_replicas, large[-1].reason) == (6, HOLD)
+    assert SCALE_IN_TOKEN_RATE in {r.reason for r in large}
+    half = {"prompt_tokens_per_s": 5000.0, "output_tokens_per_s": 0.0}
+    two = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=2, **half, **SERVING)
+    assert {r.desired_replicas for r in two} == {2}
 
 
 def test_arrivals_a_saturated_pool_leaves_waiting_count_as_demand_with_the_backlog_they_build() -> None:
