@@ -19,6 +19,9 @@ import math
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+_T = TypeVar("_T")
 
 PREFIX_SPAN = 1_000_000
 """Token ids per prefix id: longer than any prompt, so two prefixes never share a block."""
@@ -142,10 +145,10 @@ def _ramp(low: float, high: float, rise_s: float, peak_s: float, end_s: float) -
     return rate
 
 
-def _steps(*steps: tuple[float, float]) -> Callable[[float], float]:
-    """Piecewise constant: ``(from_s, value)`` pairs in time order."""
+def _steps(*steps: tuple[float, _T]) -> Callable[[float], _T]:
+    """Piecewise constant: ``(from_s, value)`` pairs in time order (a rate, or a mix)."""
 
-    def value(t: float) -> float:
+    def value(t: float) -> _T:
         current = steps[0][1]
         for at_s, v in steps:
             if t >= at_s:
@@ -153,17 +156,6 @@ def _steps(*steps: tuple[float, float]) -> Callable[[float], float]:
         return current
 
     return value
-
-
-def _mix_steps(*steps: tuple[float, Mix]) -> Callable[[float], Mix]:
-    def mix(t: float) -> Mix:
-        current = steps[0][1]
-        for at_s, m in steps:
-            if t >= at_s:
-                current = m
-        return current
-
-    return mix
 
 
 def _leak(start_s: float, stop_s: float) -> tuple[Callable[[float], float], Callable[[float], Mix]]:
@@ -209,7 +201,7 @@ SCENARIOS: Mapping[str, Scenario] = {
             "mix_shift",
             1680.0,
             lambda t: 7.5,
-            _mix_steps(
+            _steps(
                 (0.0, {"chat": 1.0}),
                 (360.0, {"document": 1.0}),
                 (780.0, {"generation": 1.0}),
