@@ -43,11 +43,11 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import peers, routing_traces
-from loadtest.client import RetryPolicy, wait_until_ok
+from loadtest.client import RequestRecord, RetryPolicy, wait_until_ok
 from loadtest.compare import ratios, run_compare, summaries_for
 from loadtest.ports import free_ports
 from loadtest.processes import processes
-from loadtest.report import Slo, Summary, class_table
+from loadtest.report import Slo, Summary, class_table, percentile
 from loadtest.runner import RunOptions, RunResult, Target
 from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from loadtest.workload import Workload, build_trace, parse_workload
@@ -125,9 +125,14 @@ def gateway_config(
     kv_capacity_tokens: int,
     admission: bool = True,
     max_sequences: int = 256,
+    slo: Slo | None = None,
 ) -> dict[str, Any]:
     """A gateway differing from the others only in ``routing.policy``; with ``admission`` off every
-    request is routed at once, as the Rust routers do, so the rows compare routing alone."""
+    request is routed at once, as the Rust routers do, so the rows compare routing alone. With
+    ``slo``, the model's objectives are the trace's, as an operator serving that SLO sets them: a
+    request that would wait past its TTFT objective is refused at once, and each replica runs no more
+    sequences than keep its inter-token latency within the ITL objective."""
+    objectives = {} if slo is None else {"ttft_slo_s": slo.ttft_s, "itl_slo_s": slo.itl_s}
     return {
         "server": {"host": "127.0.0.1", "port": port},
         "health": {"interval_s": 0.5},
@@ -142,7 +147,13 @@ def gateway_config(
             }
         ],
         "routing": {"policy": policy, "warmup_s": 0},
-        "admission": {"max_queue_wait_s": 30, "enabled": admission},
+        "admission": {
+            "max_queue_wait_s": 30,
+            # The driver's clients honour a Retry-After of at most 30 s (``--retries``).
+            "retry_after_cap_s": 30,
+            "enabled": admission,
+            "models": {DEFAULT_MODEL: objectives} if objectives else {},
+        },
     }
 
 
@@ -178,7 +189,13 @@ def start_gateway(
 ) -> str:
     port = free_ports()
     config = gateway_config(
-        urls, port, policy, args.kv_capacity_tokens, args.admission == "on", args.max_num_seqs
+        urls,
+        port,
+        policy,
+        args.kv_capacity_tokens,
+        args.admission == "on",
+        args.max_num_seqs,
+        Slo(args.slo_ttft_s, args.slo_itl_s) if args.slo_admission == "on" else None,
     )
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
         yaml.safe_dump(config, file)
@@ -247,6 +264,42 @@ def _ratio(value: float | None, base: float | None) -> str:
     return f"{value / base:.2f}x"
 
 
+@dataclass(frozen=True, slots=True)
+class RetryOutcomes:
+    """What became of the requests refused at their first attempt (with ``--retries``): ``retried``
+    came back after the Retry-After they were given, ``first_retry_ok`` were admitted then, and
+    ``told_not_to_retry`` were refused with ``x-should-retry: false`` or a wait past the client's."""
+
+    refused_first: int
+    retried: int
+    first_retry_ok: int
+    told_not_to_retry: int
+    admitted_ttft_p95_s: float | None
+    """TTFT of the attempt that was admitted (the wait out of a Retry-After taken off)."""
+
+    @classmethod
+    def of(cls, records: Sequence[RequestRecord]) -> RetryOutcomes:
+        retried = [r for r in records if r.retries >= 1]
+        stopped = [r for r in records if r.retries == 0 and r.rejected]
+        return cls(
+            len(retried) + len(stopped),
+            len(retried),
+            sum(1 for r in retried if r.retries == 1 and r.ok),
+            len(stopped),
+            percentile(
+                [r.ttft_s - r.wait_honoured_s for r in records if r.ok and r.ttft_s is not None], 0.95
+            ),
+        )
+
+    def line(self) -> str:
+        share = f"{self.first_retry_ok / self.retried:.0%}" if self.retried else "-"
+        return (
+            f"refused at first {self.refused_first}, retried {self.retried}, first retry admitted "
+            f"{self.first_retry_ok} ({share}), told not to retry {self.told_not_to_retry}; TTFT p95 of "
+            f"the admitted attempt {_fmt(self.admitted_ttft_p95_s)} s"
+        )
+
+
 def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
     print(
         f"\nSLO: TTFT <= {slo.ttft_s:g} s and mean inter-token gap <= {slo.itl_s * 1000:g} ms\n"
@@ -261,11 +314,11 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
             f"{_fmt(s.ttft_p95_s):>9} {_fmt(s.itl_p95_s, 1000, 1):>10} {run.hit_ratio:>10.3f} "
             f"{run.preemptions:>7} {run.lag_ratio:>8.3f}"
         )
-    base = next(run for run in runs if run.policy == BASELINE)
-    table = ratios([run.summary for run in runs], BASELINE)
-    print(f"\nagainst {BASELINE} (goodput and hit rate above 1, TTFT and ITL below 1 are better):")
+    base = next((run for run in runs if run.policy == BASELINE), runs[0])
+    table = ratios([run.summary for run in runs], base.policy)
+    print(f"\nagainst {base.policy} (goodput and hit rate above 1, TTFT and ITL below 1 are better):")
     for run in runs:
-        if run.policy == BASELINE:
+        if run is base:
             continue
         s, b = run.summary, base.summary
         print(
@@ -273,6 +326,9 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
             f"ttft p95 {_ratio(s.ttft_p95_s, b.ttft_p95_s)}, itl p95 {_ratio(s.itl_p95_s, b.itl_p95_s)}, "
             f"prefix hit rate {_ratio(run.hit_ratio, base.hit_ratio)}"
         )
+    print()
+    for run in runs:
+        print(f"  {run.policy:<18} {RetryOutcomes.of(run.result.records).line()}")
     print()
     for run in runs:
         s = run.summary
@@ -330,13 +386,14 @@ async def bench(args: argparse.Namespace) -> None:
     found = installed_peers(args)
     print(
         f"{len(trace.requests)} requests over {args.duration_s:g} s at {args.rate:g} req/s ({mix}; "
-        f"{trace.prompt_tokens} prompt tokens); {len(POLICIES) + len(found)} fleets of {args.replicas} "
+        f"{trace.prompt_tokens} prompt tokens); {len(args.policies) + len(found)} fleets of {args.replicas} "
         f"simulated llama-3.1-8b-h100 replicas (KV {args.kv_capacity_tokens} tokens each, time scale "
         f"{args.time_scale:g}), one gateway or router per target, {args.slices} interleaved slices"
     )
     with processes() as started:
-        fleets = {name: start_fleet(started, args) for name in [*POLICIES, *(p.name for p, _ in found)]}
-        gateways = {policy: start_gateway(started, fleets[policy], policy, args) for policy in POLICIES}
+        names = [*args.policies, *(p.name for p, _ in found)]
+        fleets = {name: start_fleet(started, args) for name in names}
+        gateways = {policy: start_gateway(started, fleets[policy], policy, args) for policy in args.policies}
         routers = {peer: start_peer(started, peer, binary, fleets[peer.name]) for peer, binary in found}
         async with aiohttp.ClientSession() as session:
             for url in gateways.values():
@@ -408,6 +465,19 @@ def main() -> None:
         choices=("on", "off"),
         default="on",
         help="kvgate's admission in the kvgate rows (default on; off compares routing alone)",
+    )
+    parser.add_argument(
+        "--slo-admission",
+        choices=("on", "off"),
+        default="on",
+        help="give the kvgate rows the trace's TTFT and ITL objectives (admission.models.<m>.ttft_slo_s, "
+        "itl_slo_s) as an operator serving that SLO would (default on)",
+    )
+    parser.add_argument(
+        "--policies",
+        type=lambda text: tuple(p for p in text.split(",") if p),
+        default=POLICIES,
+        help=f"kvgate routing policies to run, comma-separated (default {','.join(POLICIES)})",
     )
     parser.add_argument(
         "--peers",
