@@ -26,13 +26,23 @@ import dataclasses
 
 from admission import refusals
 from admission.calibration import Calibration
-from admission.deadline import WaitBound, wait_budget
-from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Expired, Queue, Refusal
+from admission.deadline import WaitBound, ttft_objective_s, wait_budget
+from admission.decision import (
+    AdmissionRequest,
+    Admit,
+    Decision,
+    Dispatch,
+    Expired,
+    Queue,
+    Refusal,
+    RefusalReason,
+)
 from admission.disaggregation import handoff_candidates
 from admission.forecast import WaitForecast
 from admission.itl_guard import ItlGuard
 from admission.ledger import Ledger
 from admission.placement import after_promises, fleet_placer
+from admission.pressure import ArrivalPressure
 from admission.promises import PromiseBook, PromiseCounts
 from admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from admission.retry_after import ServiceRates
@@ -41,6 +51,12 @@ from config.admission import AdmissionConfig
 from vocabulary.capacity import fits_sharing, kv_room_tokens, routable
 from vocabulary.replica import ReplicaView
 from vocabulary.snapshot import FleetSnapshot
+
+FULL_FLEET_REASONS = frozenset(
+    {RefusalReason.KV_CAPACITY, RefusalReason.QUEUE_FULL, RefusalReason.DEADLINE, RefusalReason.TTFT_SLO}
+)
+"""Refusals that say the fleet is full (not a budget, a bad request or no replica at all). A queued
+request does not: the fleet may be taking all that arrives, a little later."""
 
 
 class AdmissionController:
@@ -61,6 +77,10 @@ class AdmissionController:
         self._claimed = False
         """Set by ``_admit`` when the request claimed its promise: ``admit`` counts the outcome."""
         self._promises = PromiseBook(config.promise_grace_s)
+        self._returning = False
+        """Set by ``_admit`` when the request came back to a promise: not new demand."""
+        self.pressure = ArrivalPressure()
+        """New demand against what the fleet admits while saturated (``admission.pressure``)."""
         self.itl_guard = ItlGuard.from_config(config)
         """The learned inter-token-latency limits, None when no model has an ``itl_slo_s``."""
         self._forecast = WaitForecast(
@@ -90,8 +110,15 @@ class AdmissionController:
     def admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
         """Admit, queue or refuse ``request`` over ``fleet``; a promise it came back to claim is
         counted kept or broken by the answer."""
-        self._claimed = False
+        self._claimed = self._returning = False
         decision = self._admit(request, fleet)
+        now_s, kv_tokens = fleet.now_s, request.cost.kv_tokens
+        if not self._returning:
+            self.pressure.arrived(kv_tokens, now_s)
+        if isinstance(decision, Admit):
+            self.pressure.admitted(kv_tokens, now_s)
+        elif isinstance(decision, Refusal) and decision.reason in FULL_FLEET_REASONS:
+            self.pressure.saturated(now_s)
         if self._claimed:
             counts = self._promises.counts
             if isinstance(decision, Refusal):
@@ -132,6 +159,7 @@ class AdmissionController:
         tenant = request.tenant
         rank = tenant.priority.rank
         promise = self._promises.returning(request)
+        self._returning = promise is not None
         if promise is not None and now_s < promise.due_s - self._promises.grace_s:
             free_now = (
                 fitting
@@ -170,7 +198,7 @@ class AdmissionController:
         self.tenants.refund(request.tenant, kv_tokens)
         if not queue_has_room:
             return refusals.queue_full(self.queue_stats(now_s), expected_s, self.config)
-        self._promise(request, expected_s, now_s)
+        expected_s = self._promise(request, expected_s, now_s)
         return refusals.overload(model, expected_s, wait_budget_s, bound, self.config)
 
     def retry_candidates(self, request: AdmissionRequest, fleet: FleetSnapshot) -> tuple[ReplicaView, ...]:
@@ -223,6 +251,7 @@ class AdmissionController:
             self._queue.remove(entry.ticket)
             tenant = entry.request.tenant
             self._queue.charge(tenant.name, tenant.weight, entry.kv_tokens)
+            self.pressure.admitted(entry.kv_tokens, now_s)
             dispatches.append(
                 Dispatch(
                     entry.ticket,
@@ -256,6 +285,7 @@ class AdmissionController:
         self._promises.expire(now_s)
         expired: list[Expired] = []
         for entry in self._queue.expire(now_s):
+            self.pressure.saturated(now_s)
             request = entry.request
             self.tenants.refund(request.tenant, entry.kv_tokens)
             serving = [v for v in fleet.replicas if routable(v, request.model, now_s)]
@@ -263,7 +293,7 @@ class AdmissionController:
                 expected_s = self._forecast.expected_wait_s(
                     entry.kv_tokens, request.model, self._ahead(entry), serving
                 )
-                self._promise(request, expected_s, now_s)
+                expected_s = self._promise(request, expected_s, now_s)
             else:
                 expected_s = self.config.no_replica_retry_after_s
             budget_s, bound = self._wait_budget(request)
@@ -318,10 +348,15 @@ class AdmissionController:
         queued = self._queue.stats(now_s)
         return queued.kv_tokens + self._promises.kv_tokens, queued.requests + len(self._promises)
 
-    def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> None:
-        """Book the refused request a slot at its Retry-After when the queue's bounds leave room."""
+    def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> float:
+        """Book the refused request a slot at its Retry-After when the queue's bounds leave room, and
+        return that Retry-After: the drain estimate, or for a request with a TTFT objective the time
+        spare capacity serves it without refusing a newcomer (``admission.pressure``)."""
+        if ttft_objective_s(request, self.config) is not None:
+            expected_s = self.pressure.stretch(expected_s, now_s)
         if self._has_room(request.cost.kv_tokens):
             self._promises.offer(request, expected_s, now_s, self.config.retry_after_cap_s)
+        return expected_s
 
     def _has_room(self, kv_tokens: int) -> bool:
         return self._queue.has_room(kv_tokens, len(self._promises), self._promises.kv_tokens)

@@ -38,14 +38,18 @@ def wait_budget(
     timeout_s = request.client_timeout_s
     if timeout_s is not None and timeout_s < budget_s:
         budget_s, bound = timeout_s, WaitBound.CLIENT_TIMEOUT
-    slo_s = request.tenant.ttft_slo_s
-    if slo_s is None:
-        slo_s = config.model_rules(request.model).ttft_slo_s
+    slo_s = ttft_objective_s(request, config)
     if slo_s is not None:
         slo_budget_s = slo_s - request.cost.prompt_tokens / prefill_tokens_per_s
         if slo_budget_s < budget_s:
             budget_s, bound = max(0.0, slo_budget_s), WaitBound.TTFT_SLO
     return budget_s, bound
+
+
+def ttft_objective_s(request: AdmissionRequest, config: AdmissionConfig) -> float | None:
+    """The request's time-to-first-token objective: its tenant's, else its model's, else none."""
+    slo_s = request.tenant.ttft_slo_s
+    return config.model_rules(request.model).ttft_slo_s if slo_s is None else slo_s
 
 
 def client_timeout_s(headers: Mapping[str, str], config: AdmissionConfig) -> float | None:

@@ -9,6 +9,8 @@ one itself.
 
 from __future__ import annotations
 
+import math
+
 from admission.cost import CostEstimate
 from admission.deadline import WaitBound
 from admission.decision import Refusal, RefusalReason
@@ -70,7 +72,11 @@ def overload(
     """The expected wait is longer than the request may wait: the queue's limit (``kv_capacity``),
     its client's timeout when that is shorter (``deadline``), or its time-to-first-token objective
     (its tenant's, else its model's) less its own prefill when that is shorter still (``ttft_slo``)."""
-    wait = f"about {expected_s:.1f} s"
+    wait = (
+        f"about {expected_s:.1f} s"
+        if math.isfinite(expected_s)
+        else "open-ended: new requests arrive faster than the servers take work"
+    )
     if bound is WaitBound.CLIENT_TIMEOUT:
         text = (
             f"The expected wait for KV-cache capacity on '{model}' ({wait}) exceeds this "
