@@ -224,8 +224,13 @@ class Relay:
         strip = request.usage_injected
         accounting = self._accounting
         carry = b""
+        next_chunk = response.next_chunk
+        arrival = response.arrival
         while True:
-            chunk = await response.read_chunk()
+            chunk = next_chunk()
+            while chunk is None:
+                await arrival()
+                chunk = next_chunk()
             if not chunk:
                 break
             now = loop.time()
