@@ -16,14 +16,17 @@ untrusted clients needs, enforced where the bytes arrive, before any request rea
   never pauses writing, so a stream slow to start is not cut.
 - **Malformed requests:** a request httptools cannot parse is an OpenAI-shaped 400, not logged (a
   client could flood the log).
+- **Streamed chunks:** a request finds a ``ChunkWriter`` under the ``CHUNK_WRITER`` scope
+  extension, which writes a chunk of its chunked response at once from a plain call, as ``send``
+  would write it; the relay writes a stream's tokens with it from the replica's read callback.
 - **Connection cap:** beyond ``max_connections`` a new connection closes the longest-idle one (no
   request begun on it: NGINX's reusable connections); with none idle it gets a 503 and is closed.
   The cap is lowered at start to fit the descriptor limit, whose soft value is raised to the hard.
 
-Nothing here runs per response chunk: timers are armed per connection, per request only when its
-headers or body span reads, and per flow-control pause. After a 408 or 431 the connection stops
-reading, half-closes and lingers ``LINGER_S`` before it is dropped, so the client reads the answer
-instead of a reset caused by the bytes it is still sending.
+Nothing here runs per response chunk but ``ChunkWriter``'s check and write: timers are armed per
+connection, per request only when its headers or body span reads, and per flow-control pause.
+After a 408 or 431 the connection stops reading, half-closes and lingers ``LINGER_S`` before it is
+dropped, so the client reads the answer instead of a reset caused by the bytes it is still sending.
 """
 
 from __future__ import annotations
@@ -32,13 +35,14 @@ import asyncio
 import logging
 import resource
 import socket
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from config.schema import Server
@@ -56,6 +60,43 @@ _IDLE = 0
 _HEADERS = 1
 _BODY = 2
 _REFUSED = 3
+
+
+CHUNK_WRITER = "kvgate.chunk_writer"
+"""The scope extension (``scope["extensions"]``) under which a request finds ``{"writer": w}``, a
+``ChunkWriter`` for its response."""
+
+
+class ChunkWriter:
+    """Writes one chunk of a chunked response body at once, as ``send`` would write it but from a
+    plain call: the relay writes a streamed token from the replica's read callback, with no task
+    wake-up, coroutine or message per chunk. ``writable()`` says when it may: the response is a
+    chunked one under way, writing is not paused (``send`` waits) and the client is still there;
+    otherwise ``send`` carries the chunk.
+
+    It holds its request's cycle weakly: the cycle holds the scope that holds the writer, and a
+    strong reference would leave every request's cycle to the garbage collector."""
+
+    __slots__ = ("_cycle", "_flow", "_write")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = weakref.ref(cycle)
+        self._flow = cycle.flow
+        self._write = cycle.transport.write
+
+    def writable(self) -> bool:
+        cycle = self._cycle()
+        return (
+            cycle is not None
+            and cycle.chunked_encoding is True
+            and not self._flow.write_paused
+            and not cycle.disconnected
+            and not cycle.response_complete
+        )
+
+    def write(self, body: bytes) -> None:
+        """Only when ``writable()``; ``body`` not empty."""
+        self._write(b"%x\r\n%b\r\n" % (len(body), body))
 
 
 class _Refused(Exception):
@@ -274,6 +315,9 @@ class EdgeProtocol(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:
+            self.scope["extensions"] = {CHUNK_WRITER: {"writer": ChunkWriter(cycle)}}
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE

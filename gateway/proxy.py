@@ -43,6 +43,7 @@ from gateway.errors import (
 )
 from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
 from gateway.handoff import Handoff
+from gateway.http_protocol import CHUNK_WRITER
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
@@ -116,6 +117,11 @@ class Proxy:
                 self._done(unread)
             return
         request.started_s = started_s
+        extensions = scope.get("extensions")
+        if extensions is not None and request.stream:
+            edge = extensions.get(CHUNK_WRITER)
+            if edge is not None:
+                request.chunk_writer = edge["writer"]
         task = asyncio.current_task()
         assert task is not None
         watcher = asyncio.ensure_future(receive())

@@ -93,6 +93,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.sink: Callable[[bytes], bool] | None = None
+        """``ReplicaResponse.divert``'s callback."""
         self._reset()
 
     def _reset(self) -> None:
@@ -112,6 +114,7 @@ class _Connection(asyncio.Protocol):
         self._last_body_at = 0.0
         self._length_known = False
         self._keep_alive = False
+        self.sink = None
 
     # -- request side -------------------------------------------------------------------------
 
@@ -168,11 +171,31 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.received_any = True
+        body = self.body
+        unread = len(body)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ReplicaProtocolError(f"invalid response: {exc}"))
             self.close()
+            return
+        if len(body) == unread:
+            return
+        sink = self.sink
+        if sink is not None and not unread:
+            try:
+                taken = sink(body[0] if len(body) == 1 else b"".join(body))
+            except Exception as exc:
+                taken = True
+                self._fail(exc)
+            if taken:
+                body.clear()
+                self._buffered = 0
+                if self._paused and self.transport is not None:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return
+        self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
@@ -196,21 +219,16 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-        buffered = self._buffered = self._buffered + len(body)
         if self._stream:
             self._last_body_at = now = self._loop.time()
             if not self._body_seen:
                 self._arm(now + self._client.idle_s)
         self._body_seen = True
+        self.body.append(body)
+        buffered = self._buffered = self._buffered + len(body)
         if buffered > _HIGH_WATER_BYTES and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        waiter = self._waiter  # ``_wake``, inlined: this runs per streamed chunk
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
 
     def on_message_complete(self) -> None:
         # llhttp answers this only inside the callbacks; afterwards it reports False
@@ -279,7 +297,9 @@ class ReplicaResponse:
 
     ``next_chunk`` and ``arrival`` are the connection's own methods, bound once: a stream's relay
     loop calls them per chunk (``chunk = next_chunk()``, and while it is None, ``await arrival()``),
-    a Python call each and no coroutine, where ``read_chunk`` is the convenient form."""
+    a Python call each and no coroutine, where ``read_chunk`` is the convenient form. ``divert``
+    goes further: the body pieces of one read are handed to a callback at once, from the
+    connection's own read callback, and only those it declines are kept for reading."""
 
     __slots__ = ("_client", "_connection", "arrival", "headers", "next_chunk", "status")
 
@@ -300,6 +320,13 @@ class ReplicaResponse:
             if key.lower() == name:
                 return value
         return None
+
+    def divert(self, sink: Callable[[bytes], bool] | None) -> None:
+        """Offer the body bytes of each read, joined, to ``sink`` while none are waiting to be read:
+        bytes it answers True for are taken (never read here; the reader is not woken), bytes it
+        answers False for are kept for ``next_chunk`` as any other. An exception it raises is
+        the response's error, raised to the reader. None stops it."""
+        self._connection.sink = sink
 
     async def read_chunk(self) -> bytes:
         """Whatever body bytes have arrived (waiting for some); ``b""`` once the body is complete."""

@@ -21,6 +21,7 @@ from vocabulary.replica import Role, ScrapedMetrics
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError
+    from gateway.http_protocol import ChunkWriter
     from gateway.tracing import RequestTrace
 
 
@@ -140,6 +141,9 @@ class ProxyRequest:
     """With an ITL objective: the sequences resident on its replica, summed over the samples taken
     while it streamed (first token, every produced report, the end)."""
     resident_sequences_samples: int = 0
+    chunk_writer: ChunkWriter | None = None
+    """The edge's writer of this request's response chunks (``gateway.http_protocol.CHUNK_WRITER``),
+    when the server offers one."""
 
 
 def retries(request: ProxyRequest) -> int:
