@@ -12,7 +12,7 @@ the gateway asked for (``stream_options.include_usage``) is read for the replica
 taken out before the client sees it. Every answer is passive health for the replica
 (``Fleet.observe``).
 
-Where the edge offers a ``ChunkWriter`` (``gateway.http_protocol.CHUNK_WRITER``), a stream's chunks
+Where the edge offers a ``RequestEdge`` (``gateway.http_protocol.REQUEST_EDGE``), a stream's chunks
 are counted and written to the client from the replica connection's read callback
 (``ReplicaResponse.divert``): a token then costs no task wake-up, coroutine or ASGI message. Whatever
 the writer cannot take at once (the client's socket is full, the client has gone) goes the ASGI way,
@@ -233,18 +233,18 @@ class Relay:
         take = count.take
         next_chunk = response.next_chunk
         arrival = response.arrival
-        writer = request.chunk_writer
+        edge = request.edge
         parked = False
 
         def sink(piece: bytes) -> bool:
-            if not parked or writer is None or not writer.writable():
+            if not parked or edge is None or not edge.writable():
                 return False
             out = take(piece, loop_time())
             if out:
-                writer.write(out)
+                edge.write(out)
             return True
 
-        if writer is not None:
+        if edge is not None:
             response.divert(sink)
         try:
             while True:

@@ -111,8 +111,8 @@ async def test_client_disconnect_mid_stream_aborts_the_replica_request() -> None
 
 
 async def test_under_another_asgi_server_streams_arrive_whole_and_end_when_their_client_leaves() -> None:
-    """Plain uvicorn offers no ``CHUNK_WRITER``: every chunk goes through the request's task and
-    ``send``."""
+    """Plain uvicorn offers no ``REQUEST_EDGE``: every chunk goes through the request's task and
+    ``send``, and a task keeping ``receive()`` pending hears the client leave."""
     async with SimFleet(replicas=1, time_scale=1.0, seed=0, record_streams=True) as fleet:
         gateway = Gateway(gateway_config(fleet.urls))
         sock = bind_socket("127.0.0.1", 0)
