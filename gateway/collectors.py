@@ -3,12 +3,12 @@ without its lock.
 
 ``prometheus_client.Histogram`` and ``Counter`` take a lock on every ``observe`` and ``inc``. kvgate
 records on its one event-loop thread, so these collectors need none: an observation is one
-``bisect`` and two additions, an increment one addition, and a stream's inter-token gaps are binned
-in one pass (``observe_many``). A scrape from another thread copies each count list first (one
-atomic copy under the GIL). ``labels`` creates a child per label set once; the recorder keeps the
-child, so the hot path never builds a label dict. The text exposition is the library's, sample for
-sample (``_bucket`` per upper bound and ``+Inf``, ``_count``, ``_sum``; ``_total``; ``_created``):
-tests compare the two.
+``bisect`` and two additions, an increment one addition, and a stream's inter-token gaps are counted
+per bin in one call (``observe_many``, ``gateway.sliding_windows.bin_counts``). A scrape from
+another thread copies each count list first (one atomic copy under the GIL). ``labels`` creates a
+child per label set once; the recorder keeps the child, so the hot path never builds a label dict.
+The text exposition is the library's, sample for sample (``_bucket`` per upper bound and ``+Inf``,
+``_count``, ``_sum``; ``_total``; ``_created``): tests compare the two.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
+
+from gateway.sliding_windows import bin_counts
 
 
 class Buckets:
@@ -39,10 +41,9 @@ class Buckets:
         self.sum += value
 
     def observe_many(self, values: Sequence[float]) -> None:
-        bounds = self.bounds
         counts = self.counts
-        for value in values:
-            counts[bisect_left(bounds, value)] += 1
+        for b, n in bin_counts(self.bounds, values):
+            counts[b] += n
         self.sum += sum(values)
 
 

@@ -16,14 +16,19 @@ untrusted clients needs, enforced where the bytes arrive, before any request rea
   never pauses writing, so a stream slow to start is not cut.
 - **Malformed requests:** a request httptools cannot parse is an OpenAI-shaped 400, not logged (a
   client could flood the log).
+- **The proxy's hot path:** a request finds a ``RequestEdge`` under the ``REQUEST_EDGE`` scope
+  extension: it writes a chunk of the request's chunked response at once from a plain call, as
+  ``send`` would write it (the relay writes a stream's tokens with it from the replica's read
+  callback), and calls back when the client goes, where ``receive()`` would answer
+  ``http.disconnect``.
 - **Connection cap:** beyond ``max_connections`` a new connection closes the longest-idle one (no
   request begun on it: NGINX's reusable connections); with none idle it gets a 503 and is closed.
   The cap is lowered at start to fit the descriptor limit, whose soft value is raised to the hard.
 
-Nothing here runs per response chunk: timers are armed per connection, per request only when its
-headers or body span reads, and per flow-control pause. After a 408 or 431 the connection stops
-reading, half-closes and lingers ``LINGER_S`` before it is dropped, so the client reads the answer
-instead of a reset caused by the bytes it is still sending.
+Nothing here runs per response chunk but ``RequestEdge``'s check and write: timers are armed per
+connection, per request only when its headers or body span reads, and per flow-control pause.
+After a 408 or 431 the connection stops reading, half-closes and lingers ``LINGER_S`` before it is
+dropped, so the client reads the answer instead of a reset caused by the bytes it is still sending.
 """
 
 from __future__ import annotations
@@ -32,13 +37,14 @@ import asyncio
 import logging
 import resource
 import socket
-from collections.abc import Iterable
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
 from uvicorn.config import Config
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
 from config.schema import Server
@@ -56,6 +62,57 @@ _IDLE = 0
 _HEADERS = 1
 _BODY = 2
 _REFUSED = 3
+
+
+REQUEST_EDGE = "kvgate.edge"
+"""The scope extension (``scope["extensions"]``) under which a request finds ``{"edge": e}``, its
+``RequestEdge``."""
+
+
+class RequestEdge:
+    """What the edge offers one request beyond ASGI, for the proxy's hot path.
+
+    ``write`` writes one chunk of a chunked response body at once, as ``send`` would write it but
+    from a plain call: the relay writes a streamed token from the replica's read callback, with no
+    task wake-up, coroutine or message per chunk. ``writable()`` says when it may: the response is
+    a chunked one under way, writing is not paused (``send`` waits) and the client is still there;
+    otherwise ``send`` carries the chunk.
+
+    ``watch(callback)`` has ``callback()`` called once if the client goes (its connection is lost,
+    or the edge refuses it) before the response is complete, when ``receive()`` would answer
+    ``http.disconnect``: the proxy needs no task of its own per request keeping a ``receive()``
+    pending to learn it. As with ``receive()``, only the connection's latest request hears it.
+
+    It holds its request's cycle weakly: the cycle holds the scope that holds this, and a strong
+    reference would leave every request's cycle to the garbage collector."""
+
+    __slots__ = ("_cycle", "_flow", "_protocol", "_write")
+
+    def __init__(self, protocol: EdgeProtocol, cycle: RequestResponseCycle) -> None:
+        self._protocol = protocol
+        self._cycle = weakref.ref(cycle)
+        self._flow = cycle.flow
+        self._write = cycle.transport.write
+
+    def writable(self) -> bool:
+        cycle = self._cycle()
+        return (
+            cycle is not None
+            and cycle.chunked_encoding is True
+            and not self._flow.write_paused
+            and not cycle.disconnected
+            and not cycle.response_complete
+        )
+
+    def write(self, body: bytes) -> None:
+        """Only when ``writable()``; ``body`` not empty."""
+        self._write(b"%x\r\n%b\r\n" % (len(body), body))
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        self._protocol._watched = (self._cycle, callback)
+        # as ``receive()`` does: a client's leaving is only seen while its connection is read
+        # (uvicorn stops reading it while a large request body waits to be taken)
+        self._flow.resume_reading()
 
 
 class _Refused(Exception):
@@ -149,6 +206,7 @@ class EdgeProtocol(HttpToolsProtocol):
         "_phase",
         "_send_timer",
         "_timer",
+        "_watched",
     )
     """In slots, so that the instance dict holds only uvicorn's 28 attributes: CPython 3.11 shares an
     instance dict's keys (the fast path of every attribute read in uvicorn's per-request code) up to
@@ -177,6 +235,8 @@ class EdgeProtocol(HttpToolsProtocol):
         """The header or the body timer: one phase at a time."""
         self._send_timer: asyncio.TimerHandle | None = None
         self._linger: asyncio.TimerHandle | None = None
+        self._watched: tuple[weakref.ref[RequestResponseCycle], Callable[[], None]] | None = None
+        """The request whose client going is to be told, and how (``RequestEdge.watch``)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -205,6 +265,7 @@ class EdgeProtocol(HttpToolsProtocol):
                 timer.cancel()
         self._timer = self._send_timer = self._linger = None
         super().connection_lost(exc)
+        self._tell_disconnected()
 
     def data_received(self, data: bytes) -> None:
         phase = self._phase
@@ -274,6 +335,9 @@ class EdgeProtocol(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:
+            self.scope["extensions"] = {REQUEST_EDGE: {"edge": RequestEdge(self, cycle)}}
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE
@@ -284,9 +348,20 @@ class EdgeProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
+        self._watched = None
         super().on_response_complete()
         if self.timeout_keep_alive_task is not None and self._phase == _IDLE:
             self.idle[self] = None
+
+    def _tell_disconnected(self) -> None:
+        """Call the watching request back, once, when it is this connection's latest request
+        (the one uvicorn tells) and its client is gone."""
+        watched = self._watched
+        if watched is not None:
+            cycle = watched[0]()
+            if cycle is not None and cycle is self.cycle and cycle.disconnected:
+                self._watched = None
+                watched[1]()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -377,6 +452,7 @@ class EdgeProtocol(HttpToolsProtocol):
                 return
             cycle.disconnected = True
             cycle.message_event.set()
+            self._tell_disconnected()
         elif cycle is not None and reading_body:
             self.transport.close()
             return

@@ -12,9 +12,10 @@ need), with two documented rewrites, serialised once after pricing: the output c
 priced is written when the client's body does not already say exactly it
 (``admission.cost.capped_body``), and a stream whose client did not ask for
 ``stream_options.include_usage`` gets it, so the replica's own token counts calibrate the estimate.
-A watcher on ``receive`` notices the client leaving (``http.disconnect``) and cancels the request
-at once: the replica client then closes the upstream connection, which is how vLLM learns to abort
-the sequence. Which headers cross, each way, is ``gateway.forwarding``'s.
+The client leaving (``http.disconnect``) cancels the request at once: the edge calls back
+(``gateway.http_protocol.RequestEdge.watch``; under another ASGI server a task keeps a ``receive()``
+pending instead), and the replica client then closes the upstream connection, which is how vLLM
+learns to abort the sequence. Which headers cross, each way, is ``gateway.forwarding``'s.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from gateway.errors import (
 )
 from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
 from gateway.handoff import Handoff
+from gateway.http_protocol import REQUEST_EDGE
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
@@ -116,10 +118,17 @@ class Proxy:
                 self._done(unread)
             return
         request.started_s = started_s
+        extensions = scope.get("extensions")
+        offered = None if extensions is None else extensions.get(REQUEST_EDGE)
         task = asyncio.current_task()
         assert task is not None
-        watcher = asyncio.ensure_future(receive())
-        watcher.add_done_callback(functools.partial(_on_client_message, request, task))
+        watcher = None
+        if offered is not None:
+            edge = request.edge = offered["edge"]
+            edge.watch(functools.partial(_on_disconnect, request, task))
+        else:
+            watcher = asyncio.ensure_future(receive())
+            watcher.add_done_callback(functools.partial(_on_client_message, request, task))
         try:
             await self._serve(request, send)
         except asyncio.CancelledError:
@@ -136,7 +145,8 @@ class Proxy:
             await self._fail(send, request)
         finally:
             request.finished = True
-            watcher.cancel()
+            if watcher is not None:
+                watcher.cancel()
             self._done(request)
 
     async def _serve(self, request: ProxyRequest, send: Send) -> None:
@@ -279,6 +289,11 @@ def _on_client_message(
     if request.finished or watcher.cancelled() or watcher.exception() is not None:
         return
     if watcher.result()["type"] == "http.disconnect":
+        _on_disconnect(request, task)
+
+
+def _on_disconnect(request: ProxyRequest, task: asyncio.Task[Any]) -> None:
+    if not request.finished:
         request.disconnected = True
         task.cancel()
 

@@ -11,6 +11,13 @@ moments on the gateway's clock, the gaps between reads on the event loop's). The
 the gateway asked for (``stream_options.include_usage``) is read for the replica's token counts and
 taken out before the client sees it. Every answer is passive health for the replica
 (``Fleet.observe``).
+
+Where the edge offers a ``RequestEdge`` (``gateway.http_protocol.REQUEST_EDGE``), a stream's chunks
+are counted and written to the client from the replica connection's read callback
+(``ReplicaResponse.divert``): a token then costs no task wake-up, coroutine or ASGI message. Whatever
+the writer cannot take at once (the client's socket is full, the client has gone) goes the ASGI way,
+through the request's task and ``send``, and so does everything after it until the task caught up,
+so the client's bytes keep their order.
 """
 
 from __future__ import annotations
@@ -215,56 +222,119 @@ class Relay:
         Only whole events are relayed: an event cut across two reads waits (as ``carry``) for the
         read that completes it, so the usage-only event is recognised wherever the replica's
         writes were split. A client cannot act on half an event, so holding one back delays
-        nothing it could use; the bytes it receives are unchanged."""
+        nothing it could use; the bytes it receives are unchanged.
+
+        ``sink`` relays what arrives while this task is parked waiting for the replica, and only
+        then: a chunk the task holds (its ``send`` waiting for the client's socket to drain, say)
+        is never overtaken by one that arrives meanwhile."""
         loop = asyncio.get_running_loop()
-        events = 0
-        first_s = last_s = 0.0
-        gaps_s = array("d")
-        report_at = _PRODUCED_REPORT_EVENTS
-        strip = request.usage_injected
-        accounting = self._accounting
-        carry = b""
-        while True:
-            chunk = await response.read_chunk()
-            if not chunk:
-                break
-            now = loop.time()
-            if carry:
-                chunk = carry + chunk
-                carry = b""
-            if not chunk.endswith(_EVENT_ENDS):
-                cut = _events_end(chunk)
-                if len(chunk) - cut < _CARRY_MAX_BYTES:
-                    carry = chunk[cut:]
-                    chunk = chunk[:cut]
-                    if not chunk:
-                        continue
-            count = chunk.count(b"data: ")
-            if count:
-                tokens = count
-                if _USAGE_ONLY in chunk:
-                    tokens -= 1
-                    chunk = _take_usage(request, chunk, strip)
-                if chunk.endswith(_DONE_EVENT):
-                    tokens -= 1
-                if tokens > 0:
-                    if not events:
-                        first_s = now
-                        accounting.first_token(request, replica, self._clock())
-                    else:
-                        gaps_s.append(now - last_s)
-                    events += tokens
-                    last_s = now
-                    if events >= report_at:
-                        accounting.produced(request, events)
-                        report_at = events + _PRODUCED_REPORT_EVENTS
+        loop_time = loop.time
+        count = _StreamCount(request, replica, self._accounting, self._clock)
+        take = count.take
+        next_chunk = response.next_chunk
+        arrival = response.arrival
+        edge = request.edge
+        parked = False
+
+        def sink(piece: bytes) -> bool:
+            if not parked or edge is None or not edge.writable():
+                return False
+            out = take(piece, loop_time())
+            if out:
+                edge.write(out)
+            return True
+
+        if edge is not None:
+            response.divert(sink)
+        try:
+            while True:
+                chunk = next_chunk()
+                while chunk is None:
+                    parked = True
+                    await arrival()
+                    parked = False
+                    chunk = next_chunk()
                 if not chunk:
-                    continue
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        if carry:
-            await send({"type": "http.response.body", "body": carry, "more_body": True})
-        await send({"type": "http.response.body", "body": b""})
-        return ((last_s - first_s) / (events - 1) if events > 1 else None), gaps_s
+                    break
+                chunk = take(chunk, loop_time())
+                if chunk:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if count.carry:
+                await send({"type": "http.response.body", "body": count.carry, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        finally:
+            response.divert(None)
+        return count.itl_s(), count.gaps_s
+
+
+class _StreamCount:
+    """A stream's tokens as its chunks pass: first token, produced reports, inter-token gaps."""
+
+    __slots__ = (
+        "_accounting",
+        "_clock",
+        "_replica",
+        "_report_at",
+        "_request",
+        "_strip",
+        "carry",
+        "events",
+        "first_s",
+        "gaps_s",
+        "last_s",
+    )
+
+    def __init__(
+        self, request: ProxyRequest, replica: ReplicaState, accounting: Accounting, clock: Callable[[], float]
+    ) -> None:
+        self._request = request
+        self._replica = replica
+        self._accounting = accounting
+        self._clock = clock
+        self._strip = request.usage_injected
+        self._report_at = _PRODUCED_REPORT_EVENTS
+        self.events = 0
+        self.first_s = self.last_s = 0.0
+        self.gaps_s = array("d")
+        self.carry = b""
+
+    def itl_s(self) -> float | None:
+        events = self.events
+        return (self.last_s - self.first_s) / (events - 1) if events > 1 else None
+
+    def take(self, chunk: bytes, now: float) -> bytes:
+        """What of ``chunk`` (read at ``now``) to relay now, its tokens counted."""
+        if self.carry:
+            chunk = self.carry + chunk
+            self.carry = b""
+        if not chunk.endswith(_EVENT_ENDS):
+            cut = _events_end(chunk)
+            if len(chunk) - cut < _CARRY_MAX_BYTES:
+                self.carry = chunk[cut:]
+                chunk = chunk[:cut]
+                if not chunk:
+                    return chunk
+        count = chunk.count(b"data: ")
+        if count:
+            tokens = count
+            if _USAGE_ONLY in chunk:
+                tokens -= 1
+                chunk = _take_usage(self._request, chunk, self._strip)
+            if chunk.endswith(_DONE_EVENT):
+                tokens -= 1
+            if tokens > 0:
+                events = self.events
+                if not events:
+                    self.first_s = now
+                    self._accounting.first_token(self._request, self._replica, self._clock())
+                else:
+                    self.gaps_s.append(now - self.last_s)
+                events = self.events = events + tokens
+                self.last_s = now
+                if events >= self._report_at:
+                    self._accounting.produced(self._request, events)
+                    self._report_at = events + _PRODUCED_REPORT_EVENTS
+        return chunk
 
 
 def _retry_after_s(value: bytes | None) -> float | None:

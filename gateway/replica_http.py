@@ -25,6 +25,7 @@ import asyncio
 import collections
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
@@ -92,6 +93,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self.sink: Callable[[bytes], bool] | None = None
+        """``ReplicaResponse.divert``'s callback."""
         self._reset()
 
     def _reset(self) -> None:
@@ -111,6 +114,7 @@ class _Connection(asyncio.Protocol):
         self._last_body_at = 0.0
         self._length_known = False
         self._keep_alive = False
+        self.sink = None
 
     # -- request side -------------------------------------------------------------------------
 
@@ -125,16 +129,20 @@ class _Connection(asyncio.Protocol):
         self._arm(self._first_byte_at)
         self.transport.write(request)
 
-    async def wait(self) -> None:
-        """Until the protocol has news (headers, body, completion, an error)."""
+    def wait(self) -> asyncio.Future[None]:
+        """A future resolved when the protocol has news (headers, body, completion, an error).
+        Awaited as it is, not through a coroutine: a streamed chunk costs one frame fewer."""
         waiter = self._waiter = self._loop.create_future()
-        try:
-            await waiter
-        finally:
-            self._waiter = None
+        return waiter
 
-    def take_body(self) -> bytes:
+    def next_chunk(self) -> bytes | None:
+        """The body bytes that have arrived; ``b""`` once the body is complete, None while nothing
+        has arrived yet (await ``wait()``)."""
         body = self.body
+        if not body:
+            if self.error is not None:
+                raise self.error
+            return b"" if self.complete else None
         data = body.popleft() if len(body) == 1 else b"".join(body)
         body.clear()
         self._buffered = 0
@@ -163,11 +171,31 @@ class _Connection(asyncio.Protocol):
             self.close()
             return
         self.received_any = True
+        body = self.body
+        unread = len(body)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
             self._fail(ReplicaProtocolError(f"invalid response: {exc}"))
             self.close()
+            return
+        if len(body) == unread:
+            return
+        sink = self.sink
+        if sink is not None and not unread:
+            try:
+                taken = sink(body[0] if len(body) == 1 else b"".join(body))
+            except Exception as exc:
+                taken = True
+                self._fail(exc)
+            if taken:
+                body.clear()
+                self._buffered = 0
+                if self._paused and self.transport is not None:
+                    self._paused = False
+                    self.transport.resume_reading()
+                return
+        self._wake()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
@@ -191,17 +219,16 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
-        self._buffered += len(body)
         if self._stream:
             self._last_body_at = now = self._loop.time()
             if not self._body_seen:
                 self._arm(now + self._client.idle_s)
         self._body_seen = True
-        if self._buffered > _HIGH_WATER_BYTES and not self._paused and self.transport is not None:
+        self.body.append(body)
+        buffered = self._buffered = self._buffered + len(body)
+        if buffered > _HIGH_WATER_BYTES and not self._paused and self.transport is not None:
             self._paused = True
             self.transport.pause_reading()
-        self._wake()
 
     def on_message_complete(self) -> None:
         # llhttp answers this only inside the callbacks; afterwards it reports False
@@ -224,8 +251,10 @@ class _Connection(asyncio.Protocol):
 
     def _wake(self) -> None:
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
         if self.error is None:
@@ -264,15 +293,26 @@ class _Connection(asyncio.Protocol):
 
 
 class ReplicaResponse:
-    """A replica's answer: status and raw headers at once, the body as it comes."""
+    """A replica's answer: status and raw headers at once, the body as it comes.
 
-    __slots__ = ("_client", "_connection", "headers", "status")
+    ``next_chunk`` and ``arrival`` are the connection's own methods, bound once: a stream's relay
+    loop calls them per chunk (``chunk = next_chunk()``, and while it is None, ``await arrival()``),
+    a Python call each and no coroutine, where ``read_chunk`` is the convenient form. ``divert``
+    goes further: the body pieces of one read are handed to a callback at once, from the
+    connection's own read callback, and only those it declines are kept for reading."""
+
+    __slots__ = ("_client", "_connection", "arrival", "headers", "next_chunk", "status")
 
     def __init__(self, client: ReplicaClient, connection: _Connection) -> None:
         self._client = client
         self._connection = connection
         self.status = connection.status
         self.headers = connection.headers
+        self.next_chunk: Callable[[], bytes | None] = connection.next_chunk
+        """Whatever body bytes have arrived; ``b""`` once the body is complete, None while
+        nothing has arrived yet."""
+        self.arrival: Callable[[], asyncio.Future[None]] = connection.wait
+        """A future resolved when more of the response arrives, it completes or it fails."""
 
     def header(self, name: bytes) -> bytes | None:
         """The first value of a header (``name`` in lower case)."""
@@ -281,31 +321,35 @@ class ReplicaResponse:
                 return value
         return None
 
+    def divert(self, sink: Callable[[bytes], bool] | None) -> None:
+        """Offer the body bytes of each read, joined, to ``sink`` while none are waiting to be read:
+        bytes it answers True for are taken (never read here; the reader is not woken), bytes it
+        answers False for are kept for ``next_chunk`` as any other. An exception it raises is
+        the response's error, raised to the reader. None stops it."""
+        self._connection.sink = sink
+
     async def read_chunk(self) -> bytes:
         """Whatever body bytes have arrived (waiting for some); ``b""`` once the body is complete."""
         connection = self._connection
-        while not connection.body:
-            if connection.error is not None:
-                raise connection.error
-            if connection.complete:
-                return b""
+        chunk = connection.next_chunk()
+        while chunk is None:
             await connection.wait()
-        return connection.take_body()
+            chunk = connection.next_chunk()
+        return chunk
 
     async def read(self) -> bytes:
         """The whole body. What has arrived is taken as it comes, so flow control never stops the
         connection short of a body larger than the high-water mark."""
         connection = self._connection
         parts: list[bytes] = []
-        while not connection.complete:
-            if connection.error is not None:
-                raise connection.error
-            if connection.body:
-                parts.append(connection.take_body())
-            await connection.wait()
-        if connection.body:
-            parts.append(connection.take_body())
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        while True:
+            chunk = connection.next_chunk()
+            if chunk is None:
+                await connection.wait()
+            elif chunk:
+                parts.append(chunk)
+            else:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def release(self) -> None:
         """Back to the pool when read to its end, otherwise closed (the replica sees the abort)."""

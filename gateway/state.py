@@ -21,6 +21,7 @@ from vocabulary.replica import Role, ScrapedMetrics
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError
+    from gateway.http_protocol import RequestEdge
     from gateway.tracing import RequestTrace
 
 
@@ -140,6 +141,9 @@ class ProxyRequest:
     """With an ITL objective: the sequences resident on its replica, summed over the samples taken
     while it streamed (first token, every produced report, the end)."""
     resident_sequences_samples: int = 0
+    edge: RequestEdge | None = None
+    """What the server offers this request beyond ASGI (``gateway.http_protocol.REQUEST_EDGE``),
+    when it is kvgate's own edge."""
 
 
 def retries(request: ProxyRequest) -> int:

@@ -386,3 +386,33 @@ async def test_a_stream_slower_than_the_send_timeout_is_not_cut_while_its_client
             assert max(gaps_s) > 0.1, "the replica was silent for longer than the send timeout"
             await close_all([(reader, writer)])
             await assert_idle(gw)
+
+
+async def test_a_stream_whose_client_reads_late_arrives_whole_and_in_order(fleet: SimFleet) -> None:
+    """Chunks the edge cannot write at once (the client's socket is full) go through the request's
+    task and ``send``; those arriving meanwhile queue behind them and never overtake them."""
+    async with running_gateway(edge_config(fleet, client_send_buffer_bytes=4096)) as gw:
+        reader, writer = await connect(gw, rcvbuf_bytes=4096)
+        body = {
+            **SMALL_REQUEST,
+            "max_tokens": 2000,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        writer.write(request(body, [b"x-request-id: late-reader"]))
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), BOUND_S)
+        assert head.startswith(b"HTTP/1.1 200 ") and b"transfer-encoding: chunked" in head
+        (protocol,) = gw.server.server_state.connections
+        assert await eventually(lambda: protocol.flow.write_paused), "the client's socket never filled"
+        received = bytearray()
+        while True:
+            size = int(await asyncio.wait_for(reader.readuntil(b"\r\n"), BOUND_S), 16)
+            received += await asyncio.wait_for(reader.readexactly(size + 2), BOUND_S)
+            del received[-2:]
+            if size == 0:
+                break
+        served = [r.recorded("late-reader") for r in fleet.replicas]
+        assert bytes(received) in served and received.endswith(b"data: [DONE]\n\n")
+        await close_all([(reader, writer)])
+        await assert_idle(gw)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
 import httpx
+import uvicorn
 
-from gateway.server import running_gateway
+from gateway.app import Gateway
+from gateway.server import bind_socket, running_gateway
 from loadtest.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from vocabulary.replica import ReplicaLoad
 
 
 def recorded(fleet: SimFleet, request_id: str) -> bytes:
@@ -104,3 +108,52 @@ async def test_client_disconnect_mid_stream_aborts_the_replica_request() -> None
             assert gw.state.in_flight == 1
         assert await eventually(lambda: engine.num_running == 0)
         await assert_idle(gw)
+
+
+async def test_under_another_asgi_server_streams_arrive_whole_and_end_when_their_client_leaves() -> None:
+    """Plain uvicorn offers no ``REQUEST_EDGE``: every chunk goes through the request's task and
+    ``send``, and a task keeping ``receive()`` pending hears the client leave."""
+    async with SimFleet(replicas=1, time_scale=1.0, seed=0, record_streams=True) as fleet:
+        gateway = Gateway(gateway_config(fleet.urls))
+        sock = bind_socket("127.0.0.1", 0)
+        config = uvicorn.Config(gateway, http="httptools", ws="none", lifespan="on", log_level="warning")
+        server = uvicorn.Server(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            assert await eventually(lambda: server.started)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{sock.getsockname()[1]}") as http:
+                usage = {"include_usage": True}
+                body = {
+                    "model": MODEL,
+                    "prompt": "go on",
+                    "max_tokens": 20,
+                    "stream": True,
+                    "stream_options": usage,
+                }
+                received = bytearray()
+                headers = {"x-request-id": "plain-uvicorn"}
+                async with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+                    async for raw in response.aiter_raw():
+                        received += raw
+                assert received.endswith(b"data: [DONE]\n\n")
+                assert bytes(received) == recorded(fleet, "plain-uvicorn")
+                engine = fleet.replicas[0].engine
+                body = {
+                    "model": MODEL,
+                    "prompt": "go on",
+                    "max_tokens": 4000,
+                    "ignore_eos": True,
+                    "stream": True,
+                }
+                async with http.stream("POST", "/v1/completions", json=body) as response:
+                    chunks = response.aiter_raw()
+                    await anext(chunks)
+                    await anext(chunks)
+                    assert engine.num_running == 1
+            assert await eventually(lambda: engine.num_running == 0)
+            assert await eventually(lambda: gateway.state.in_flight == 0)
+            assert await eventually(lambda: gateway.state.ledger.totals() == ReplicaLoad())
+        finally:
+            server.should_exit = True
+            await serving
+            sock.close()

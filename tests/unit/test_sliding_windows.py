@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import math
 import random
+from bisect import bisect_left
+from collections import Counter
 
 import pytest
 
-from gateway.sliding_windows import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, ServedWindow
+from gateway.sliding_windows import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, ServedWindow, bin_counts
 
 
 def exact_quantile(values: list[float], q: float) -> float:
@@ -32,6 +34,18 @@ def test_latency_samples_leave_the_window() -> None:
     assert window.quantile(0.95, now_s=59.0) == pytest.approx(10.0, rel=0.05)
     assert window.quantile(0.95, now_s=61.0) == pytest.approx(0.1, rel=0.05)
     assert window.quantile(0.95, now_s=120.0) is None
+
+
+def test_values_binned_together_land_where_each_would_alone() -> None:
+    rng = random.Random(5)
+    bounds = (0.001, 0.005, 0.02, 0.1, 1.0)
+    on_bounds = [*bounds, *bounds[1:3]]
+    for values in ([], [0.0], [2.0, 3.0], on_bounds, [rng.uniform(-0.01, 1.5) for _ in range(200)]):
+        values = values + on_bounds[: len(values) % 3]
+        rng.shuffle(values)
+        counts = bin_counts(bounds, values)
+        assert [b for b, _ in counts] == sorted({b for b, _ in counts})
+        assert dict(counts) == Counter(bisect_left(bounds, v) for v in values)
 
 
 def test_bins_cover_llm_latencies() -> None:
