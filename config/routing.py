@@ -47,6 +47,16 @@ class RoutingConfig(BaseModel):
             "candidates' mean load counting the request (ratio). Default 1.25. Example: 1.5"
         ),
     )
+    holder_load_factor: float = Field(
+        default=2.0,
+        gt=1.0,
+        description=(
+            "Like bounded_load_factor, for a replica already caching the request's prefix (at least "
+            "prefix_home_key_tokens of it): its affinity holds up to this multiple of the mean load, "
+            "since sending the request elsewhere prefills and caches the prefix a second time; a "
+            "value below bounded_load_factor counts as bounded_load_factor. Default 2. Example: 1.5"
+        ),
+    )
     prefix_home_key_tokens: int = Field(
         default=256,
         ge=0,

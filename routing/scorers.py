@@ -8,7 +8,8 @@ The policy adds them with the configured weights. ``outstanding_tokens`` is ``1 
 normalised across candidates, so a few tokens of difference cannot swing a whole point against
 prefix locality. ``prefix_locality`` is the matched fraction of the request's blocks, and 0 for a
 candidate whose load (both shares) is above the bounded-load limit (``bounded_load_factor`` x the
-mean load counting this request), so one hot system prompt cannot pin all traffic to the replicas
+mean load counting this request; ``holder_load_factor`` for a replica already caching the prefix,
+which a spill would duplicate), so one hot system prompt cannot pin all traffic to the replicas
 that hold it: such a replica competes on load alone, where any candidate below the mean beats it. The
 prefix's home (``routing/rendezvous.py``, chosen by the policy within the same limit) scores at least
 its home score: the prefill tokens a hit there saves, as a share of ``prefix_home_full_tokens``. So

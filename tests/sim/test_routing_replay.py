@@ -95,9 +95,14 @@ def test_prefix_locality_hits_far_more_than_round_robin_within_the_load_bound() 
         chosen_view = next(v for v in placement.views if v.replica_id == chosen.replica_id)
         cost = placement.request.kv_tokens / chosen_view.kv_capacity_tokens + 1 / chosen_view.max_sequences
         mean_after = (sum(s.load_ratio for s in scores) + cost) / len(scores)
-        assert chosen.load_ratio <= config.bounded_load_factor * mean_after
+        # A replica already caching the prompt keeps it up to the holders' bound.
+        assert chosen.load_ratio <= config.holder_load_factor * mean_after
 
-    unbounded = run(PREFIX_FLEET, trace, config.model_copy(update={"bounded_load_factor": 100.0}))
+    unbounded = run(
+        PREFIX_FLEET,
+        trace,
+        config.model_copy(update={"bounded_load_factor": 100.0, "holder_load_factor": 100.0}),
+    )
     assert max_request_share(unbounded) > 0.3
     # Requests that hit are cheap (their prefill is skipped), so the replica at the load bound
     # serves more of them than its share: the bound caps load, and requests only through it.
@@ -109,14 +114,16 @@ MANY_PREFIX_FLEET = [
 ]
 
 
-@pytest.mark.parametrize(("prompts", "gain"), [(16, 1.05), (32, 1.1)])
+@pytest.mark.parametrize(("prompts", "gain"), [(16, 1.02), (32, 1.0)])
 def test_prefix_homes_partition_many_prefixes_and_hit_more_than_locality_alone(
     prompts: int, gain: float
 ) -> None:
     """More system prompts than one replica's cache holds, but not more than the fleet's: the index
     (default capacity, larger than the caches, as in production) believes a replica still holds
-    what it routed there long ago. Without homes, prompts spread by load and end up cached
-    everywhere, evicting each other; with homes each prompt lives on its home and spills in order.
+    what it routed there long ago. Without homes, an unseen prompt goes by load; with homes it goes
+    to its home and spills in order. Once cached, the replica holding a prompt keeps it up to
+    ``holder_load_factor`` either way, so most of the partition comes from that and homes add
+    1.00-1.03x here (they added 1.1-1.2x when a holder lost its prompt at ``bounded_load_factor``).
     """
     trace = shared_prompt_trace(seed=1, prompts=prompts)
     homes = run(MANY_PREFIX_FLEET, trace, RoutingConfig())

@@ -90,8 +90,8 @@ def test_the_pull_of_a_home_is_worth_the_prefill_tokens_a_hit_saves() -> None:
     assert first is not None
     second = home_of(7, {first: 40_000})
     assert second is not None
-    # Second home 15 % of its KV busier than the idlest candidates, first home over the bound.
-    loads = {replica_id: 10_000 for replica_id in REPLICAS} | {first: 40_000, second: 25_000}
+    # Second home 15 % of its KV busier than the idlest candidates, first home over the holders' bound.
+    loads = {replica_id: 10_000 for replica_id in REPLICAS} | {first: 60_000, second: 25_000}
     fleet = [view(replica_id, loads[replica_id]) for replica_id in REPLICAS]
     known_long = r.choose(prompt(7, 1, long_prefix), fleet, 0.0)
     assert (known_long.replica_id, known_long.reason) == (second, "prefix_affinity")
@@ -101,6 +101,30 @@ def test_the_pull_of_a_home_is_worth_the_prefill_tokens_a_hit_saves() -> None:
     # An unseen prompt is worth only its key (256 tokens), not enough for 15 % of load.
     unseen = router().choose(prompt(7, 1, long_prefix), fleet, 0.0)
     assert unseen.replica_id not in (first, second)
+
+
+def test_the_replica_caching_a_prefix_keeps_it_up_to_the_holders_bound() -> None:
+    """A holder loses its affinity only past ``holder_load_factor`` (2), a replica that would merely
+    be the prefix's home already past ``bounded_load_factor`` (1.25): passing over the holder
+    prefills the prefix again elsewhere and caches it twice."""
+    long_prefix = 2_560
+    for prefix in range(4):
+        r, tight = router(), router(holder_load_factor=1.25)
+        holder = r.choose(prompt(prefix, 0, long_prefix), idle_fleet(), 0.0).replica_id
+        assert (
+            holder is not None
+            and tight.choose(prompt(prefix, 0, long_prefix), idle_fleet(), 0.0).replica_id == holder
+        )
+
+        def fleet(holder_tokens: int, holder: str = holder) -> list[ReplicaView]:
+            return [view(i, holder_tokens if i == holder else 10_000) for i in REPLICAS]
+
+        # 30,000 tokens against 10,000 on the others: about 1.9x the mean counting the request.
+        kept = r.choose(prompt(prefix, 1, long_prefix), fleet(30_000), 0.0)
+        assert (kept.replica_id, kept.reason) == (holder, "prefix_affinity")
+        assert tight.choose(prompt(prefix, 1, long_prefix), fleet(30_000), 0.0).replica_id != holder
+        assert home_of(prefix, {holder: 30_000}) != holder
+        assert r.choose(prompt(prefix, 2, long_prefix), fleet(45_000), 0.0).replica_id != holder
 
 
 def test_a_short_chat_has_no_home_and_goes_by_load() -> None:
