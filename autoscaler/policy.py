@@ -13,7 +13,8 @@ money. With per-replica capacities configured, sizing sets a floor that applies 
 phase's demand over its capacity is a share of a replica (added up on a mixed pool, whose phases
 share each replica's time), ``N = ceil(share / U_target)``; demand is the served rate plus what
 arrives unserved (the growth of the prompt tokens waiting: a saturated pool serves at its ceiling
-whatever arrives), projected over the cold start at its growth, plus for prefill the backlog the
+whatever arrives), projected over the cold start at the growth of the share (not of each phase: a
+mix moving work from prompts to outputs is no growth), plus for prefill the backlog the
 asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
 ``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
 stay under the full mark; resident sequences over per-replica capacity bound decode. The same
@@ -268,43 +269,48 @@ class PoolAutoscaler:
         previous, last = self._rates[-2], self._rates[-1]
         return max(0.0, (last[3] - previous[3]) / (last[0] - previous[0])) if last[0] > previous[0] else 0.0
 
-    def _projected(self, s: PoolSignals, index: int) -> float:
-        """The demand at ``index`` (1 prompt, 2 output) expected one cold start from now: the served
-        rate, plus what arrives unserved (the output of the waiting requests in the same proportion
-        as their prompts), plus the growth of the served rate (its least-squares slope, once samples
-        span half the growth window) over the cold start. Both are measured
-        only at constant capacity (since the last change took effect): while replicas come up,
-        served rates rise with capacity, not with demand."""
-        current = s.prompt_tokens_per_s if index == 1 else s.output_tokens_per_s
-        if len(self._rates) < 2:
-            return current
-        span_s = self._rates[-1][0] - self._rates[0][0]
-        growth = (
-            _slope([(r[0], r[index]) for r in self._rates])
-            if span_s >= self.policy.growth_window_s / 2
-            else 0.0
-        )
+    def _projected_share(self, s: PoolSignals, backlog_tokens_per_s: float = 0.0) -> float | None:
+        """Replicas' worth of work expected one cold start from now (None with no capacity): the
+        served rates, plus what arrives unserved (the output of the waiting requests in the same
+        proportion as their prompts), plus ``backlog_tokens_per_s`` of prompt, plus the growth of
+        the served work over the cold start. The growth is the least-squares slope of the share
+        itself, once samples span half the growth window, not of each phase: a mixed pool's phases
+        share each replica's time, so a mix moving work from prompts to outputs is no growth, while
+        each phase's rise alone would read as one. It is measured only at constant capacity (since
+        the last change took effect): while replicas come up, served rates rise with capacity, not
+        with demand."""
         unserved = self._unserved()
-        if index == 1:
-            arriving = current + unserved
-        else:
-            arriving = (
-                current * (1 + unserved / s.prompt_tokens_per_s) if s.prompt_tokens_per_s > 0 else current
-            )
-        return arriving + max(0.0, growth) * self.policy.cold_start_s
+        prompt = s.prompt_tokens_per_s + unserved + backlog_tokens_per_s
+        output = s.output_tokens_per_s
+        if s.prompt_tokens_per_s > 0:
+            output *= 1 + unserved / s.prompt_tokens_per_s
+        share = self._share(s, prompt, output)
+        if share is None:
+            return None
+        return share + max(0.0, self._share_growth(s)) * self.policy.cold_start_s
+
+    def _share_growth(self, s: PoolSignals) -> float:
+        """Replicas' worth of served work gained per second over the growth window (0 until the
+        samples span half of it)."""
+        if len(self._rates) < 2 or self._rates[-1][0] - self._rates[0][0] < self.policy.growth_window_s / 2:
+            return 0.0
+        return _slope([(t, self._share(s, prompt, output) or 0.0) for t, prompt, output, _ in self._rates])
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
         p = self.policy
         best, reason, parts = 0, SCALE_OUT_TOKEN_RATE, []
-        prefill_rate = self._projected(s, 1)
+        backlog = 0.0
         if self._settled_s is not None:
             # The backlog replicas asked for now will find: what waits now and what arrives unserved
             # until they serve. While asked-for replicas come up, that ask already covered it.
-            prefill_rate += (s.prompt_tokens_queued + self._unserved() * p.cold_start_s) / p.backlog_drain_s
-        share = self._share(s, prefill_rate, self._projected(s, 2))
+            backlog = (s.prompt_tokens_queued + self._unserved() * p.cold_start_s) / p.backlog_drain_s
+        share = self._projected_share(s, backlog)
         if share is not None:
             best = replicas_for_rate(share, 1.0, p.target_utilization_ratio)
-            parts.append(f"prefill_demand={prefill_rate:.0f}/s replica_share={share:.2f}->{best}")
+            parts.append(
+                f"prefill_demand={s.prompt_tokens_per_s + self._unserved() + backlog:.0f}/s "
+                f"growth={self._share_growth(s):+.4f}/s replica_share={share:.2f}->{best}"
+            )
             kv = self._kv_share(s)
             n = replicas_for_rate(kv, 1.0, p.scale_out_occupancy_ratio)
             parts.append(f"kv_share={kv:.2f}->{n}")
@@ -346,7 +352,7 @@ class PoolAutoscaler:
         replicas a step in would remove; over a shorter window a cache that only fluctuates reads
         as growing), with the scale-in hysteresis; inf when no capacity is configured."""
         p = self.policy
-        share = self._share(s, self._projected(s, 1), self._projected(s, 2))
+        share = self._projected_share(s)
         if share is None:
             return math.inf
         kv = list(self._kv_in_use)

@@ -228,6 +228,25 @@ SIZED: dict[str, Any] = {"prefill_capacity_tokens_per_s": 10000, "decode_capacit
 SERVING: dict[str, Any] = {"ttft_p95_s": 0.8, "itl_p95_s": 0.02, "kv_occupancy_ratio": 0.1}
 
 
+def test_a_mix_moving_work_from_prompts_to_outputs_is_no_growth() -> None:
+    """A mixed pool's phases share each replica's time: prompts falling from 3 replicas' worth
+    while outputs rise by as much (a quarter of a replica's worth per 15 s sample) keep 3 replicas'
+    worth, so 4 replicas (3 / 0.75) stay, where the outputs' rise alone would read as one more
+    replica's worth a 60 s cold start ahead (6). The same rise on steady prompts is growth of the
+    pool's work, projected once the samples span half the growth window: 2.5 + 1 -> 5."""
+    p = policy(**SIZED, cold_start_s=60, growth_window_s=60)
+    shifting = PoolAutoscaler("chat", p)
+    growing = PoolAutoscaler("chat", p)
+    for i in range(3):
+        outputs = 250.0 * i
+        shifting_rec = shifting.update(
+            sig(i * STEP_S, prompt_tokens_per_s=30000 - 2500.0 * i, output_tokens_per_s=outputs)
+        )
+        growing_rec = growing.update(sig(i * STEP_S, prompt_tokens_per_s=20000, output_tokens_per_s=outputs))
+        assert shifting_rec.desired_replicas == 4
+    assert (growing_rec.desired_replicas, growing_rec.reason) == (5, SCALE_OUT_TOKEN_RATE)
+
+
 def test_served_rates_that_fit_fewer_replicas_scale_in_to_them_after_the_sizing_window() -> None:
     """Long prompts keep TTFT p95 above the idle rule's 0.4 s at any load; the capacities say
     (0.6 + 0.6) replicas' worth is served, which three carry with half a replica of hysteresis:
