@@ -23,11 +23,11 @@ sizing, the KV in use also projected over the cold start at its growth, with
 sample of the window needed, once it has held for ``scale_in_sizing_window_s`` with every latency
 under its scale-out target: the hysteresis is in replicas, as the noise of the rates is, and a pool
 whose long prompts keep TTFT above the idle rule's mark still scales in. Within
-``scale_down_delay_s`` after a step in, the floor is the lower of the last two samples' (one sample
-above the fewer replicas is noise the step did not see, two are demand). A change takes effect
-when the ready replicas reach it (or one cold start later): until then the policy repeats its
-answer instead of asking again (the backlog was sized into the ask), and afterwards every window
-starts over. Pure: time comes from the samples.
+``scale_down_delay_s`` after a step in, the floor is the lowest of the last ``scale_out_window_s``
+of samples: undoing a step in takes the evidence a scale-out conjunction takes, so the fleet turns
+at most once per window. A change takes effect when the ready replicas reach it (or one cold start
+later): until then the policy repeats its answer instead of asking again (the backlog was sized
+into the ask), and afterwards every window starts over. Pure: time comes from the samples.
 """
 
 from __future__ import annotations
@@ -164,8 +164,9 @@ class PoolAutoscaler:
         self._kv_in_use: deque[tuple[float, float]] = deque()
         """(time, replicas' worth of KV in use) over the last ``scale_down_delay_s``, changes
         included: the KV sequences hold does not depend on how many replicas hold it."""
-        self._floor_previous = 0
-        """The previous sample's floor: after a scale-in, the floor is the lower of the last two."""
+        self._floors: deque[tuple[float, int]] = deque()
+        """(time, floor) over the last ``scale_out_window_s``: within ``scale_down_delay_s`` after a
+        step in, the floor is the lowest of them."""
         self._last_in_s = -math.inf
         self._desired: int | None = None
         self._last_out_s = -math.inf
@@ -182,10 +183,11 @@ class PoolAutoscaler:
         settled = self._settled_s is not None
         base = s.replicas_current if settled or self._desired is None else self._desired
         floor, floor_reason, floor_detail = self._floor(s)
+        self._floors.append((now_s, floor))
+        while self._floors[0][0] < now_s - p.scale_out_window_s:
+            self._floors.popleft()
         if now_s - self._last_in_s < p.scale_down_delay_s:
-            floor, self._floor_previous = min(floor, self._floor_previous), floor
-        else:
-            self._floor_previous = floor
+            floor = min(f for _, f in self._floors)
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
             f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "

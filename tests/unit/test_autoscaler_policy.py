@@ -306,9 +306,11 @@ def test_a_pool_bound_by_kv_is_sized_on_the_kv_in_use_and_keeps_the_replicas_hol
     )
 
 
-def test_after_a_scale_in_one_sample_above_the_fewer_replicas_is_noise_and_two_are_demand() -> None:
-    """Occupancy moves by a long sequence's worth between two reads on a small pool: within the
-    stabilisation window after a step in, the floor is the lower of the last two samples'."""
+def test_after_a_scale_in_the_floor_reverses_it_only_once_it_held_above_for_the_scale_out_window() -> None:
+    """Occupancy moves by several sequences' worth between reads, for minutes, where requests hold
+    large contexts: within the stabilisation window after a step in, the floor is the lowest of
+    the last ``scale_out_window_s`` (60 s) of samples, so a step out undoes a step in only on the
+    evidence a scale-out conjunction needs, and the fleet does not turn twice in a window."""
     rates = {"prompt_tokens_per_s": 1000.0, "output_tokens_per_s": 100.0}
     scaler = PoolAutoscaler("chat", policy(**SIZED))
     recs = run(scaler, 0, 120, replicas=2, **rates, **SERVING)
@@ -317,9 +319,9 @@ def test_after_a_scale_in_one_sample_above_the_fewer_replicas_is_noise_and_two_a
     spike = {**SERVING, "kv_occupancy_ratio": 0.9}
     once = scaler.update(sig(t, replicas=1, **rates, **spike))
     calm = scaler.update(sig(t + STEP_S, replicas=1, **rates, **SERVING))
-    twice = [scaler.update(sig(t + k * STEP_S, replicas=1, **rates, **spike)) for k in (2, 3)]
-    assert [r.desired_replicas for r in (once, calm, *twice)] == [1, 1, 1, 2]
-    assert twice[-1].reason == SCALE_OUT_KV
+    held = [scaler.update(sig(t + k * STEP_S, replicas=1, **rates, **spike)) for k in range(2, 7)]
+    assert [r.desired_replicas for r in (once, calm, *held)] == [1, 1, 1, 1, 1, 1, 2]
+    assert held[-1].reason == SCALE_OUT_KV
 
 
 def test_kv_in_use_growing_holds_the_replicas_a_step_in_would_remove() -> None:
