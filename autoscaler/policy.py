@@ -25,10 +25,11 @@ p95 (itself over the signals window, so the two windows overlap) is under its sc
 the hysteresis is in replicas, as the noise of the rates is, and a pool whose long prompts keep
 TTFT above the idle rule's mark still scales in. Within ``scale_down_delay_s`` after a step in, the
 floor is the lowest of the last ``scale_out_window_s`` of samples: undoing a step in takes the
-evidence a scale-out conjunction takes, so the fleet turns at most once per window. A change takes
-effect when the ready replicas reach it (or one cold start later): until then the policy repeats
-its answer instead of asking again (the backlog was sized into the ask), and afterwards every
-window starts over. Pure: time comes from the samples.
+evidence a scale-out conjunction takes, so the fleet turns at most once per window; unless the KV
+in use has grown over ``scale_down_delay_s`` (sessions filling the cache), when two samples above
+the fewer replicas are demand. A change takes effect when the ready replicas reach it (or one cold
+start later): until then the policy repeats its answer instead of asking again (the backlog was
+sized into the ask), and afterwards every window starts over. Pure: time comes from the samples.
 """
 
 from __future__ import annotations
@@ -188,7 +189,11 @@ class PoolAutoscaler:
         while self._floors[0][0] < now_s - p.scale_out_window_s:
             self._floors.popleft()
         if now_s - self._last_in_s < p.scale_down_delay_s:
-            floor = min(f for _, f in self._floors)
+            # KV in use growing over the stabilisation window is demand (sessions filling the cache):
+            # two samples above the fewer replicas undo the step in; otherwise it is the noise of
+            # large contexts coming and going, and undoing the step takes a scale-out window of it.
+            floors = list(self._floors)[-2:] if self._kv_growth() > 0 else self._floors
+            floor = min(f for _, f in floors)
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
             f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
@@ -359,10 +364,17 @@ class PoolAutoscaler:
         share = self._projected_share(s)
         if share is None:
             return math.inf
-        kv = list(self._kv_in_use)
-        kv_growth = max(0.0, _slope(kv)) if kv[-1][0] - kv[0][0] >= p.scale_down_delay_s / 2 else 0.0
-        work = max(share, self._kv_share(s) + kv_growth * p.cold_start_s)
+        work = max(share, self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s)
         return replicas_for_rate(work + p.scale_in_hysteresis_replicas, 1.0, p.target_utilization_ratio)
+
+    def _kv_growth(self) -> float:
+        """Replicas' worth of KV in use gained per second over ``scale_down_delay_s`` (0 until the
+        samples span half of it): over a shorter window a cache that only fluctuates reads as
+        growing."""
+        kv = list(self._kv_in_use)
+        if kv[-1][0] - kv[0][0] < self.policy.scale_down_delay_s / 2:
+            return 0.0
+        return _slope(kv)
 
     def _record(self, desired: int, current: int, now_s: float) -> None:
         previous = self._desired if self._desired is not None else current

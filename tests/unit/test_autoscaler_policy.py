@@ -320,22 +320,31 @@ def test_a_pool_bound_by_kv_is_sized_on_the_kv_in_use_and_keeps_the_replicas_hol
     )
 
 
-def test_after_a_scale_in_the_floor_reverses_it_only_once_it_held_above_for_the_scale_out_window() -> None:
-    """Occupancy moves by several sequences' worth between reads, for minutes, where requests hold
-    large contexts: within the stabilisation window after a step in, the floor is the lowest of
-    the last ``scale_out_window_s`` (60 s) of samples, so a step out undoes a step in only on the
-    evidence a scale-out conjunction needs, and the fleet does not turn twice in a window."""
+def test_undoing_a_step_in_takes_a_scale_out_window_of_kv_noise_and_two_samples_of_kv_growth() -> None:
+    """Within the stabilisation window after a step in to 2, the KV in use reads 1.8 replicas' worth
+    (over the 0.8 full mark of 2) sample after sample. Where the cache held 4 replicas' worth a few
+    minutes before, it is not growing: large contexts come and go, and undoing the step in takes
+    the lowest floor of a scale-out window (5 samples). Where it held 0.8 throughout, it is growing,
+    and two samples in a row are demand."""
     rates = {"prompt_tokens_per_s": 1000.0, "output_tokens_per_s": 100.0}
-    scaler = PoolAutoscaler("chat", policy(**SIZED))
-    recs = run(scaler, 0, 120, replicas=2, **rates, **SERVING)
-    assert recs[-1].desired_replicas == 1
-    t = 135.0
-    spike = {**SERVING, "kv_occupancy_ratio": 0.9}
-    once = scaler.update(sig(t, replicas=1, **rates, **spike))
-    calm = scaler.update(sig(t + STEP_S, replicas=1, **rates, **SERVING))
-    held = [scaler.update(sig(t + k * STEP_S, replicas=1, **rates, **spike)) for k in range(2, 7)]
-    assert [r.desired_replicas for r in (once, calm, *held)] == [1, 1, 1, 1, 1, 1, 2]
-    assert held[-1].reason == SCALE_OUT_KV
+
+    def asks(earlier_kv_replicas: float) -> list[int]:
+        scaler = PoolAutoscaler("chat", policy(**SIZED))
+        replicas = 8
+        for t in range(0, 165, int(STEP_S)):
+            values = {**SERVING, "kv_occupancy_ratio": 0.8 / replicas}
+            if t <= 60:
+                values.update(kv_occupancy_ratio=earlier_kv_replicas / replicas, ttft_p95_s=2.0)
+            replicas = scaler.update(sig(t, replicas=replicas, **rates, **values)).desired_replicas
+        assert replicas == 2
+        full = {**SERVING, "kv_occupancy_ratio": 0.9}
+        return [
+            scaler.update(sig(165 + k * STEP_S, replicas=2, **rates, **full)).desired_replicas
+            for k in range(5)
+        ]
+
+    assert asks(earlier_kv_replicas=4.0) == [2, 2, 2, 2, 3]
+    assert asks(earlier_kv_replicas=0.8) == [2, 3, 3, 3, 3]
 
 
 def test_kv_in_use_growing_holds_the_replicas_a_step_in_would_remove() -> None:
