@@ -20,16 +20,16 @@ asked-for replicas will find (waiting now plus unserved arrivals until they serv
 stay under the full mark; resident sequences over per-replica capacity bound decode. The same
 sizing, the KV in use also projected over the cold start at its growth, with
 ``scale_in_hysteresis_replicas`` of work added scales the pool in, to the most any
-sample of the window needed, once it has held for ``scale_in_sizing_window_s`` and every latency
-p95 (itself over the signals window, so the two windows overlap) is under its scale-out target:
-the hysteresis is in replicas, as the noise of the rates is, and a pool whose long prompts keep
-TTFT above the idle rule's mark still scales in. Within ``scale_down_delay_s`` after a step in, the
-floor is the lowest of the last ``scale_out_window_s`` of samples: undoing a step in takes the
-evidence a scale-out conjunction takes, so the fleet turns at most once per window; unless the KV
-in use has grown over ``scale_down_delay_s`` (sessions filling the cache), when two samples above
-the fewer replicas are demand. A change takes effect when the ready replicas reach it (or one cold
-start later): until then the policy repeats its answer instead of asking again (the backlog was
-sized into the ask), and afterwards every window starts over. Pure: time comes from the samples.
+sample of the window needed, once it has held for ``scale_in_sizing_window_s`` with every latency
+under its scale-out target: the hysteresis is in replicas, as the noise of the rates is, and a pool
+whose long prompts keep TTFT above the idle rule's mark still scales in. Within
+``scale_down_delay_s`` after a step in, the floor is the lowest of the last ``scale_out_window_s``
+of samples: undoing a step in takes the evidence a scale-out conjunction takes, so the fleet turns
+at most once per window; unless the KV in use has grown over ``scale_down_delay_s`` (sessions
+filling the cache), when two samples above the fewer replicas are demand. A change takes effect
+when the ready replicas reach it (or one cold start later): until then the policy repeats its
+answer instead of asking again (the backlog was sized into the ask), and afterwards every window
+starts over. Pure: time comes from the samples.
 """
 
 from __future__ import annotations
@@ -217,7 +217,6 @@ class PoolAutoscaler:
         if (
             reason == HOLD
             and self._held_s(self._shrink_since_s, now_s) >= p.scale_in_sizing_window_s
-            and _unhurried(s, p)
             and base > shrink_to
         ):
             desired, reason = int(shrink_to), SCALE_IN_TOKEN_RATE
@@ -257,7 +256,7 @@ class PoolAutoscaler:
         while self._kv_in_use[0][0] < s.time_s - p.scale_down_delay_s:
             self._kv_in_use.popleft()
         sized = self._sized_for(s)
-        if sized >= s.replicas_current:
+        if not (sized < s.replicas_current and _unhurried(s, p)):
             self._shrink_since_s = None
         elif self._shrink_since_s is None:
             self._shrink_since_s, self._sized = s.time_s, sized

@@ -274,20 +274,6 @@ def test_no_sizing_scale_in_while_a_latency_is_above_its_scale_out_target(hurry:
     assert min(r.desired_replicas for r in recs) == 8
 
 
-def test_the_sizing_window_and_the_latency_window_overlap() -> None:
-    """TTFT p95 is already a p95 over the signals window: once the latest one is under its target,
-    a sizing window the rates fitted fewer replicas throughout steps in at once, not a sizing window
-    after the latencies recovered (a fall seen only two windows late)."""
-    scaler = PoolAutoscaler("chat", policy(**SIZED))
-    rates = {"prompt_tokens_per_s": 6000.0, "output_tokens_per_s": 600.0}
-    recs = [
-        scaler.update(sig(t, replicas=8, **rates, **{**SERVING, "ttft_p95_s": 2.0 if t <= 150 else 0.8}))
-        for t in range(0, 240, int(STEP_S))
-    ]
-    first = next(r for r in recs if r.desired_replicas != 8)
-    assert (recs.index(first) * STEP_S, first.desired_replicas, first.reason) == (165, 3, SCALE_IN_TOKEN_RATE)
-
-
 def test_a_sizing_scale_in_leaves_room_below_the_target_utilization() -> None:
     """1.5 replicas' worth: 2 at the 0.75 target, 3 with half a replica of hysteresis."""
     rates = {"prompt_tokens_per_s": 7500.0, "output_tokens_per_s": 750.0}
