@@ -14,7 +14,8 @@ phase's demand over its capacity is a share of a replica (added up on a mixed po
 share each replica's time), ``N = ceil(share / U_target)``; demand is the served rate plus what
 arrives unserved (the growth of the prompt tokens waiting: a saturated pool serves at its ceiling
 whatever arrives), projected over the cold start at the growth of the share (not of each phase: a
-mix moving work from prompts to outputs is no growth), plus for prefill the backlog the
+mix moving work from prompts to outputs is no growth; and only over samples with every latency
+under its target: a hurried pool's served rates are its ceiling), plus for prefill the backlog the
 asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
 ``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
 stay under the full mark; resident sequences over per-replica capacity bound decode. The same
@@ -153,9 +154,9 @@ class PoolAutoscaler:
     def __init__(self, pool: str, policy: PoolPolicy) -> None:
         self.pool = pool
         self.policy = policy
-        self._rates: deque[tuple[float, float, float, float]] = deque()
-        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting), since the last change
-        took effect."""
+        self._rates: deque[tuple[float, float, float, float, bool]] = deque()
+        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting, unhurried), since the last
+        change took effect."""
         self._out_since_s: float | None = None
         self._out_reason: str | None = None
         self._in_since_s: float | None = None
@@ -248,7 +249,13 @@ class PoolAutoscaler:
             self._in_since_s = s.time_s
         if self._settled_s is not None:
             self._rates.append(
-                (s.time_s, s.prompt_tokens_per_s, s.output_tokens_per_s, s.prompt_tokens_queued)
+                (
+                    s.time_s,
+                    s.prompt_tokens_per_s,
+                    s.output_tokens_per_s,
+                    s.prompt_tokens_queued,
+                    _unhurried(s, p),
+                )
             )
         while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
             self._rates.popleft()
@@ -300,9 +307,10 @@ class PoolAutoscaler:
     def _share_growth(self, s: PoolSignals) -> float:
         """Replicas' worth of served work gained per second over the growth window (0 until the
         samples span half of it)."""
-        if len(self._rates) < 2 or self._rates[-1][0] - self._rates[0][0] < self.policy.growth_window_s / 2:
+        rates = [r for r in self._rates if r[4]]
+        if len(rates) < 2 or rates[-1][0] - rates[0][0] < self.policy.growth_window_s / 2:
             return 0.0
-        return _slope([(t, self._share(s, prompt, output) or 0.0) for t, prompt, output, _ in self._rates])
+        return _slope([(t, self._share(s, prompt, output) or 0.0) for t, prompt, output, _, _ in rates])
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
         p = self.policy

@@ -228,6 +228,24 @@ SIZED: dict[str, Any] = {"prefill_capacity_tokens_per_s": 10000, "decode_capacit
 SERVING: dict[str, Any] = {"ttft_p95_s": 0.8, "itl_p95_s": 0.02, "kv_occupancy_ratio": 0.1}
 
 
+def test_the_served_rates_of_a_hurried_pool_are_its_ceiling_not_growth() -> None:
+    """Served prompts rising by 100 tokens/s a second on four replicas: with latencies under their
+    targets that is demand growing, 6000 more a 60 s cold start ahead (ceil(31.5k / 7.5k) = 5);
+    with TTFT above its target the pool serves what it can, and its rate rises as capacity comes
+    up to speed (warm-up, routing ramp), which says nothing of the demand: 4 stay."""
+
+    def most(ttft_s: float) -> int:
+        scaler = PoolAutoscaler("chat", policy(prefill_capacity_tokens_per_s=10000, cold_start_s=60))
+        return max(
+            scaler.update(
+                sig(i * STEP_S, prompt_tokens_per_s=22500 + 1500 * i, ttft_p95_s=ttft_s)
+            ).desired_replicas
+            for i in range(5)
+        )
+
+    assert (most(0.8), most(2.0)) == (5, 4)
+
+
 def test_a_mix_moving_work_from_prompts_to_outputs_is_no_growth() -> None:
     """A mixed pool's phases share each replica's time: prompts falling from 3 replicas' worth
     while outputs rise by as much (a quarter of a replica's worth per 15 s sample) keep 3 replicas'
