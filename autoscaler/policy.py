@@ -292,8 +292,9 @@ class PoolAutoscaler:
         itself, once samples span half the growth window, not of each phase: a mixed pool's phases
         share each replica's time, so a mix moving work from prompts to outputs is no growth, while
         each phase's rise alone would read as one. It is measured only at constant capacity (since
-        the last change took effect): while replicas come up, served rates rise with capacity, not
-        with demand."""
+        the last change took effect) and over samples with every latency under its scale-out
+        target: while replicas come up, and while a hurried pool serves at its ceiling, served
+        rates rise with capacity, not with demand."""
         unserved = self._unserved()
         prompt = s.prompt_tokens_per_s + unserved + backlog_tokens_per_s
         output = s.output_tokens_per_s
@@ -305,8 +306,8 @@ class PoolAutoscaler:
         return share + max(0.0, self._share_growth(s)) * self.policy.cold_start_s
 
     def _share_growth(self, s: PoolSignals) -> float:
-        """Replicas' worth of served work gained per second over the growth window (0 until the
-        samples span half of it)."""
+        """Replicas' worth of served work gained per second over the growth window's unhurried
+        samples (0 until they span half of it)."""
         rates = [r for r in self._rates if r[4]]
         if len(rates) < 2 or rates[-1][0] - rates[0][0] < self.policy.growth_window_s / 2:
             return 0.0
