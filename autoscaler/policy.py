@@ -13,7 +13,9 @@ money. With per-replica capacities configured, sizing sets a floor that applies 
 phase's demand over its capacity is a share of a replica (added up on a mixed pool, whose phases
 share each replica's time), ``N = ceil(share / U_target)``; demand is the served rate plus what
 arrives unserved (the growth of the prompt tokens waiting: a saturated pool serves at its ceiling
-whatever arrives), projected over the cold start at its growth, plus for prefill the backlog the
+whatever arrives), projected over the cold start at the growth of the share (not of each phase: a
+mix moving work from prompts to outputs is no growth; and only over samples with every latency
+under its target: a hurried pool's served rates are its ceiling), plus for prefill the backlog the
 asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
 ``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
 stay under the full mark; resident sequences over per-replica capacity bound decode. The same
@@ -22,8 +24,10 @@ sizing, the KV in use also projected over the cold start at its growth, with
 sample of the window needed, once it has held for ``scale_in_sizing_window_s`` with every latency
 under its scale-out target: the hysteresis is in replicas, as the noise of the rates is, and a pool
 whose long prompts keep TTFT above the idle rule's mark still scales in. Within
-``scale_down_delay_s`` after a step in, the floor is the lower of the last two samples' (one sample
-above the fewer replicas is noise the step did not see, two are demand). A change takes effect
+``scale_down_delay_s`` after a step in, the floor is the lowest of the last ``scale_out_window_s``
+of samples: undoing a step in takes the evidence a scale-out conjunction takes, so the fleet turns
+at most once per window; unless the KV in use has grown over ``scale_down_delay_s`` (sessions
+filling the cache), when two samples above the fewer replicas are demand. A change takes effect
 when the ready replicas reach it (or one cold start later): until then the policy repeats its
 answer instead of asking again (the backlog was sized into the ask), and afterwards every window
 starts over. Pure: time comes from the samples.
@@ -150,9 +154,9 @@ class PoolAutoscaler:
     def __init__(self, pool: str, policy: PoolPolicy) -> None:
         self.pool = pool
         self.policy = policy
-        self._rates: deque[tuple[float, float, float, float]] = deque()
-        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting), since the last change
-        took effect."""
+        self._rates: deque[tuple[float, float, float, float, bool]] = deque()
+        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting, unhurried), since the last
+        change took effect."""
         self._out_since_s: float | None = None
         self._out_reason: str | None = None
         self._in_since_s: float | None = None
@@ -163,8 +167,9 @@ class PoolAutoscaler:
         self._kv_in_use: deque[tuple[float, float]] = deque()
         """(time, replicas' worth of KV in use) over the last ``scale_down_delay_s``, changes
         included: the KV sequences hold does not depend on how many replicas hold it."""
-        self._floor_previous = 0
-        """The previous sample's floor: after a scale-in, the floor is the lower of the last two."""
+        self._floors: deque[tuple[float, int]] = deque()
+        """(time, floor) over the last ``scale_out_window_s``: within ``scale_down_delay_s`` after a
+        step in, the floor is the lowest of them."""
         self._last_in_s = -math.inf
         self._desired: int | None = None
         self._last_out_s = -math.inf
@@ -181,10 +186,15 @@ class PoolAutoscaler:
         settled = self._settled_s is not None
         base = s.replicas_current if settled or self._desired is None else self._desired
         floor, floor_reason, floor_detail = self._floor(s)
+        self._floors.append((now_s, floor))
+        while self._floors[0][0] < now_s - p.scale_out_window_s:
+            self._floors.popleft()
         if now_s - self._last_in_s < p.scale_down_delay_s:
-            floor, self._floor_previous = min(floor, self._floor_previous), floor
-        else:
-            self._floor_previous = floor
+            # KV in use growing over the stabilisation window is demand (sessions filling the cache):
+            # two samples above the fewer replicas undo the step in; otherwise it is the noise of
+            # large contexts coming and going, and undoing the step takes a scale-out window of it.
+            floors = list(self._floors)[-2:] if self._kv_growth() > 0 else self._floors
+            floor = min(f for _, f in floors)
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
             f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
@@ -239,7 +249,13 @@ class PoolAutoscaler:
             self._in_since_s = s.time_s
         if self._settled_s is not None:
             self._rates.append(
-                (s.time_s, s.prompt_tokens_per_s, s.output_tokens_per_s, s.prompt_tokens_queued)
+                (
+                    s.time_s,
+                    s.prompt_tokens_per_s,
+                    s.output_tokens_per_s,
+                    s.prompt_tokens_queued,
+                    _unhurried(s, p),
+                )
             )
         while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
             self._rates.popleft()
@@ -268,43 +284,50 @@ class PoolAutoscaler:
         previous, last = self._rates[-2], self._rates[-1]
         return max(0.0, (last[3] - previous[3]) / (last[0] - previous[0])) if last[0] > previous[0] else 0.0
 
-    def _projected(self, s: PoolSignals, index: int) -> float:
-        """The demand at ``index`` (1 prompt, 2 output) expected one cold start from now: the served
-        rate, plus what arrives unserved (the output of the waiting requests in the same proportion
-        as their prompts), plus the growth of the served rate (its least-squares slope, once samples
-        span half the growth window) over the cold start. Both are measured
-        only at constant capacity (since the last change took effect): while replicas come up,
-        served rates rise with capacity, not with demand."""
-        current = s.prompt_tokens_per_s if index == 1 else s.output_tokens_per_s
-        if len(self._rates) < 2:
-            return current
-        span_s = self._rates[-1][0] - self._rates[0][0]
-        growth = (
-            _slope([(r[0], r[index]) for r in self._rates])
-            if span_s >= self.policy.growth_window_s / 2
-            else 0.0
-        )
+    def _projected_share(self, s: PoolSignals, backlog_tokens_per_s: float = 0.0) -> float | None:
+        """Replicas' worth of work expected one cold start from now (None with no capacity): the
+        served rates, plus what arrives unserved (the output of the waiting requests in the same
+        proportion as their prompts), plus ``backlog_tokens_per_s`` of prompt, plus the growth of
+        the served work over the cold start. The growth is the least-squares slope of the share
+        itself, once samples span half the growth window, not of each phase: a mixed pool's phases
+        share each replica's time, so a mix moving work from prompts to outputs is no growth, while
+        each phase's rise alone would read as one. It is measured only at constant capacity (since
+        the last change took effect) and over samples with every latency under its scale-out
+        target: while replicas come up, and while a hurried pool serves at its ceiling, served
+        rates rise with capacity, not with demand."""
         unserved = self._unserved()
-        if index == 1:
-            arriving = current + unserved
-        else:
-            arriving = (
-                current * (1 + unserved / s.prompt_tokens_per_s) if s.prompt_tokens_per_s > 0 else current
-            )
-        return arriving + max(0.0, growth) * self.policy.cold_start_s
+        prompt = s.prompt_tokens_per_s + unserved + backlog_tokens_per_s
+        output = s.output_tokens_per_s
+        if s.prompt_tokens_per_s > 0:
+            output *= 1 + unserved / s.prompt_tokens_per_s
+        share = self._share(s, prompt, output)
+        if share is None:
+            return None
+        return share + max(0.0, self._share_growth(s)) * self.policy.cold_start_s
+
+    def _share_growth(self, s: PoolSignals) -> float:
+        """Replicas' worth of served work gained per second over the growth window's unhurried
+        samples (0 until they span half of it)."""
+        rates = [r for r in self._rates if r[4]]
+        if len(rates) < 2 or rates[-1][0] - rates[0][0] < self.policy.growth_window_s / 2:
+            return 0.0
+        return _slope([(t, self._share(s, prompt, output) or 0.0) for t, prompt, output, _, _ in rates])
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
         p = self.policy
         best, reason, parts = 0, SCALE_OUT_TOKEN_RATE, []
-        prefill_rate = self._projected(s, 1)
+        backlog = 0.0
         if self._settled_s is not None:
             # The backlog replicas asked for now will find: what waits now and what arrives unserved
             # until they serve. While asked-for replicas come up, that ask already covered it.
-            prefill_rate += (s.prompt_tokens_queued + self._unserved() * p.cold_start_s) / p.backlog_drain_s
-        share = self._share(s, prefill_rate, self._projected(s, 2))
+            backlog = (s.prompt_tokens_queued + self._unserved() * p.cold_start_s) / p.backlog_drain_s
+        share = self._projected_share(s, backlog)
         if share is not None:
             best = replicas_for_rate(share, 1.0, p.target_utilization_ratio)
-            parts.append(f"prefill_demand={prefill_rate:.0f}/s replica_share={share:.2f}->{best}")
+            parts.append(
+                f"prefill_demand={s.prompt_tokens_per_s + self._unserved() + backlog:.0f}/s "
+                f"growth={self._share_growth(s):+.4f}/s replica_share={share:.2f}->{best}"
+            )
             kv = self._kv_share(s)
             n = replicas_for_rate(kv, 1.0, p.scale_out_occupancy_ratio)
             parts.append(f"kv_share={kv:.2f}->{n}")
@@ -346,13 +369,20 @@ class PoolAutoscaler:
         replicas a step in would remove; over a shorter window a cache that only fluctuates reads
         as growing), with the scale-in hysteresis; inf when no capacity is configured."""
         p = self.policy
-        share = self._share(s, self._projected(s, 1), self._projected(s, 2))
+        share = self._projected_share(s)
         if share is None:
             return math.inf
-        kv = list(self._kv_in_use)
-        kv_growth = max(0.0, _slope(kv)) if kv[-1][0] - kv[0][0] >= p.scale_down_delay_s / 2 else 0.0
-        work = max(share, self._kv_share(s) + kv_growth * p.cold_start_s)
+        work = max(share, self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s)
         return replicas_for_rate(work + p.scale_in_hysteresis_replicas, 1.0, p.target_utilization_ratio)
+
+    def _kv_growth(self) -> float:
+        """Replicas' worth of KV in use gained per second over ``scale_down_delay_s`` (0 until the
+        samples span half of it): over a shorter window a cache that only fluctuates reads as
+        growing."""
+        kv = list(self._kv_in_use)
+        if kv[-1][0] - kv[0][0] < self.policy.scale_down_delay_s / 2:
+            return 0.0
+        return _slope(kv)
 
     def _record(self, desired: int, current: int, now_s: float) -> None:
         previous = self._desired if self._desired is not None else current

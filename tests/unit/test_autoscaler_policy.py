@@ -228,6 +228,43 @@ SIZED: dict[str, Any] = {"prefill_capacity_tokens_per_s": 10000, "decode_capacit
 SERVING: dict[str, Any] = {"ttft_p95_s": 0.8, "itl_p95_s": 0.02, "kv_occupancy_ratio": 0.1}
 
 
+def test_the_served_rates_of_a_hurried_pool_are_its_ceiling_not_growth() -> None:
+    """Served prompts rising by 100 tokens/s a second on four replicas: with latencies under their
+    targets that is demand growing, 6000 more a 60 s cold start ahead (ceil(31.5k / 7.5k) = 5);
+    with TTFT above its target the pool serves what it can, and its rate rises as capacity comes
+    up to speed (warm-up, routing ramp), which says nothing of the demand: 4 stay."""
+
+    def most(ttft_s: float) -> int:
+        scaler = PoolAutoscaler("chat", policy(prefill_capacity_tokens_per_s=10000, cold_start_s=60))
+        return max(
+            scaler.update(
+                sig(i * STEP_S, prompt_tokens_per_s=22500 + 1500 * i, ttft_p95_s=ttft_s)
+            ).desired_replicas
+            for i in range(5)
+        )
+
+    assert (most(0.8), most(2.0)) == (5, 4)
+
+
+def test_a_mix_moving_work_from_prompts_to_outputs_is_no_growth() -> None:
+    """A mixed pool's phases share each replica's time: prompts falling from 3 replicas' worth
+    while outputs rise by as much (a quarter of a replica's worth per 15 s sample) keep 3 replicas'
+    worth, so 4 replicas (3 / 0.75) stay, where the outputs' rise alone would read as one more
+    replica's worth a 60 s cold start ahead (6). The same rise on steady prompts is growth of the
+    pool's work, projected once the samples span half the growth window: 2.5 + 1 -> 5."""
+    p = policy(**SIZED, cold_start_s=60, growth_window_s=60)
+    shifting = PoolAutoscaler("chat", p)
+    growing = PoolAutoscaler("chat", p)
+    for i in range(3):
+        outputs = 250.0 * i
+        shifting_rec = shifting.update(
+            sig(i * STEP_S, prompt_tokens_per_s=30000 - 2500.0 * i, output_tokens_per_s=outputs)
+        )
+        growing_rec = growing.update(sig(i * STEP_S, prompt_tokens_per_s=20000, output_tokens_per_s=outputs))
+        assert shifting_rec.desired_replicas == 4
+    assert (growing_rec.desired_replicas, growing_rec.reason) == (5, SCALE_OUT_TOKEN_RATE)
+
+
 def test_served_rates_that_fit_fewer_replicas_scale_in_to_them_after_the_sizing_window() -> None:
     """Long prompts keep TTFT p95 above the idle rule's 0.4 s at any load; the capacities say
     (0.6 + 0.6) replicas' worth is served, which three carry with half a replica of hysteresis:
@@ -287,20 +324,31 @@ def test_a_pool_bound_by_kv_is_sized_on_the_kv_in_use_and_keeps_the_replicas_hol
     )
 
 
-def test_after_a_scale_in_one_sample_above_the_fewer_replicas_is_noise_and_two_are_demand() -> None:
-    """Occupancy moves by a long sequence's worth between two reads on a small pool: within the
-    stabilisation window after a step in, the floor is the lower of the last two samples'."""
+def test_undoing_a_step_in_takes_a_scale_out_window_of_kv_noise_and_two_samples_of_kv_growth() -> None:
+    """Within the stabilisation window after a step in to 2, the KV in use reads 1.8 replicas' worth
+    (over the 0.8 full mark of 2) sample after sample. Where the cache held 4 replicas' worth a few
+    minutes before, it is not growing: large contexts come and go, and undoing the step in takes
+    the lowest floor of a scale-out window (5 samples). Where it held 0.8 throughout, it is growing,
+    and two samples in a row are demand."""
     rates = {"prompt_tokens_per_s": 1000.0, "output_tokens_per_s": 100.0}
-    scaler = PoolAutoscaler("chat", policy(**SIZED))
-    recs = run(scaler, 0, 120, replicas=2, **rates, **SERVING)
-    assert recs[-1].desired_replicas == 1
-    t = 135.0
-    spike = {**SERVING, "kv_occupancy_ratio": 0.9}
-    once = scaler.update(sig(t, replicas=1, **rates, **spike))
-    calm = scaler.update(sig(t + STEP_S, replicas=1, **rates, **SERVING))
-    twice = [scaler.update(sig(t + k * STEP_S, replicas=1, **rates, **spike)) for k in (2, 3)]
-    assert [r.desired_replicas for r in (once, calm, *twice)] == [1, 1, 1, 2]
-    assert twice[-1].reason == SCALE_OUT_KV
+
+    def asks(earlier_kv_replicas: float) -> list[int]:
+        scaler = PoolAutoscaler("chat", policy(**SIZED))
+        replicas = 8
+        for t in range(0, 165, int(STEP_S)):
+            values = {**SERVING, "kv_occupancy_ratio": 0.8 / replicas}
+            if t <= 60:
+                values.update(kv_occupancy_ratio=earlier_kv_replicas / replicas, ttft_p95_s=2.0)
+            replicas = scaler.update(sig(t, replicas=replicas, **rates, **values)).desired_replicas
+        assert replicas == 2
+        full = {**SERVING, "kv_occupancy_ratio": 0.9}
+        return [
+            scaler.update(sig(165 + k * STEP_S, replicas=2, **rates, **full)).desired_replicas
+            for k in range(5)
+        ]
+
+    assert asks(earlier_kv_replicas=4.0) == [2, 2, 2, 2, 3]
+    assert asks(earlier_kv_replicas=0.8) == [2, 3, 3, 3, 3]
 
 
 def test_kv_in_use_growing_holds_the_replicas_a_step_in_would_remove() -> None:
