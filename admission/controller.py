@@ -79,7 +79,7 @@ class AdmissionController:
         self._promises = PromiseBook(config.promise_grace_s)
         self._returning = False
         """Set by ``_admit`` when the request came back to a promise: not new demand."""
-        self.pressure = ArrivalPressure()
+        self._pressure = ArrivalPressure()
         """New demand against what the fleet admits while saturated (``admission.pressure``)."""
         self.itl_guard = ItlGuard.from_config(config)
         """The learned inter-token-latency limits, None when no model has an ``itl_slo_s``."""
@@ -114,11 +114,11 @@ class AdmissionController:
         decision = self._admit(request, fleet)
         now_s, kv_tokens = fleet.now_s, request.cost.kv_tokens
         if not self._returning:
-            self.pressure.arrived(kv_tokens, now_s)
+            self._pressure.arrived(kv_tokens, now_s)
         if isinstance(decision, Admit):
-            self.pressure.admitted(kv_tokens, now_s)
+            self._pressure.admitted(kv_tokens, now_s)
         elif isinstance(decision, Refusal) and decision.reason in FULL_FLEET_REASONS:
-            self.pressure.saturated(now_s)
+            self._pressure.saturated(now_s)
         if self._claimed:
             counts = self._promises.counts
             if isinstance(decision, Refusal):
@@ -251,7 +251,7 @@ class AdmissionController:
             self._queue.remove(entry.ticket)
             tenant = entry.request.tenant
             self._queue.charge(tenant.name, tenant.weight, entry.kv_tokens)
-            self.pressure.admitted(entry.kv_tokens, now_s)
+            self._pressure.admitted(entry.kv_tokens, now_s)
             dispatches.append(
                 Dispatch(
                     entry.ticket,
@@ -285,11 +285,11 @@ class AdmissionController:
         self._promises.expire(now_s)
         expired: list[Expired] = []
         for entry in self._queue.expire(now_s):
-            self.pressure.saturated(now_s)
             request = entry.request
             self.tenants.refund(request.tenant, entry.kv_tokens)
             serving = [v for v in fleet.replicas if routable(v, request.model, now_s)]
             if serving:
+                self._pressure.saturated(now_s)
                 expected_s = self._forecast.expected_wait_s(
                     entry.kv_tokens, request.model, self._ahead(entry), serving
                 )
@@ -353,7 +353,7 @@ class AdmissionController:
         return that Retry-After: the drain estimate, or for a request with a TTFT objective the time
         spare capacity serves it without refusing a newcomer (``admission.pressure``)."""
         if ttft_objective_s(request, self.config) is not None:
-            expected_s = self.pressure.stretch(expected_s, now_s)
+            expected_s = self._pressure.stretch(expected_s, now_s)
         if self._has_room(request.cost.kv_tokens):
             self._promises.offer(request, expected_s, now_s, self.config.retry_after_cap_s)
         return expected_s
