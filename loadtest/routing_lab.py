@@ -317,6 +317,29 @@ def print_results(results: Sequence[LabResult], trace: LabTrace) -> None:
             f"{len(result.outcomes) - len(served):>7} {p50 or 0:>9.3f} {p95 or 0:>9.3f} "
             f"{1000 * (itl95 or 0):>10.1f} {result.hit_ratio:>6.3f} {result.preemptions:>7}  {per_class}"
         )
+    print("sequence slot-seconds of the served requests (prefill: routed to first token; decode: the rest)")
+    for result in results:
+        prefill_s, decode_s = slot_seconds(result)
+        share = prefill_s / (prefill_s + decode_s) if prefill_s + decode_s else 0.0
+        print(
+            f"{result.policy:<16} prefill {prefill_s:>7.0f} s  decode {decode_s:>7.0f} s  "
+            f"prefill share {share:.3f}"
+        )
+
+
+def slot_seconds(result: LabResult) -> tuple[float, float]:
+    """Sequence-slot time the served requests held in prefill and in decode.
+
+    When the fleet is bound by its sequence slots (what keeps more requests from being admitted is
+    ``max_num_seqs``, not KV or compute), a router can raise goodput only by shortening this time,
+    and the prefill share is the most that prefix hits could save."""
+    prefill_s = decode_s = 0.0
+    for outcome in result.outcomes:
+        if outcome.routed_s is None or outcome.first_token_s is None or outcome.last_token_s is None:
+            continue
+        prefill_s += outcome.first_token_s - outcome.routed_s
+        decode_s += outcome.last_token_s - outcome.first_token_s
+    return prefill_s, decode_s
 
 
 def main() -> None:
@@ -327,10 +350,18 @@ def main() -> None:
     parser.add_argument("--rate", type=float, help="offered requests/s (default: the trace's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-wait-s", type=float, default=2.0, help="longest gateway wait (default 2)")
+    parser.add_argument("--max-num-seqs", type=int, help="sequence slots per replica (default: the trace's)")
+    parser.add_argument("--kv-tokens", type=int, help="KV tokens per replica (default: the trace's)")
     args = parser.parse_args()
     trace = TRACES[args.trace]
     if args.rate:
         trace = dataclasses.replace(trace, rate_rps=args.rate)
+    overrides = dict(trace.profile_overrides)
+    if args.max_num_seqs:
+        overrides["max_num_seqs"] = args.max_num_seqs
+    if args.kv_tokens:
+        overrides["kv_capacity_tokens"] = args.kv_tokens
+    trace = dataclasses.replace(trace, profile_overrides=overrides)
     requests = lab_requests(trace.trace(args.seed))
     profile = resolve_profile(overrides=trace.profile_overrides)
     print(

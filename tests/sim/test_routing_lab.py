@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import pytest
 
 from config.routing import RoutingConfig
-from loadtest.routing_lab import LabResult, lab_requests, percentile, play
+from loadtest.routing_lab import LabResult, lab_requests, percentile, play, slot_seconds
 from loadtest.routing_traces import TRACES
 from loadtest.sim.profile import resolve_profile
 
@@ -75,3 +75,13 @@ def test_kvgate_routing_beats_request_counting_and_round_robin_on_every_measure(
         assert ttft(kvgate, 0.95) < 0.75 * ttft(baseline, 0.95)
         assert kvgate.hit_ratio > 1.5 * baseline.hit_ratio
         assert kvgate.preemptions < baseline.preemptions
+
+
+def test_slot_seconds_split_each_served_request_at_its_first_token(results: dict[str, LabResult]) -> None:
+    result = results["kvgate"]
+    prefill_s, decode_s = slot_seconds(result)
+    served = [o for o in result.outcomes if o.routed_s is not None and o.last_token_s is not None]
+    assert served and prefill_s > 0 and decode_s > 0
+    assert prefill_s + decode_s == pytest.approx(sum(o.last_token_s - o.routed_s for o in served))
+    routed_first = [o for o in served if o.first_token_s is not None]
+    assert prefill_s == pytest.approx(sum(o.first_token_s - o.routed_s for o in routed_first))
