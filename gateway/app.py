@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -218,6 +218,14 @@ class Gateway:
             self._session = None
         if self.tracing is not None:
             self.tracing.shutdown()
+
+    def hot_route(self) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
+        """What serves a completion ``POST`` the edge takes straight off the parser
+        (``gateway.http_protocol.HOT_PATHS``): the proxy once started, and nothing while new
+        requests are refused, so that this application's dispatch answers them."""
+        if self._refusing:
+            return None
+        return None if self._proxy is None else self._proxy.handle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._refusing and scope["type"] == "http":

@@ -44,7 +44,7 @@ from gateway.errors import (
 )
 from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
 from gateway.handoff import Handoff
-from gateway.http_protocol import REQUEST_EDGE
+from gateway.http_protocol import REQUEST_EDGE, RequestEdge, send_whole
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
@@ -205,7 +205,7 @@ class Proxy:
         self._metrics.count_error(error)
         request.status = error.status
         request.error = error
-        await send_error(send, error, request.x_request_id)
+        await send_error(send, error, request.x_request_id, request.edge)
 
     async def _read_body(self, receive: Receive, content_length: int | None) -> bytes | None:
         """The whole request body, or None if the client left while sending it."""
@@ -315,10 +315,9 @@ async def _end_at_shutdown(request: ProxyRequest, send: Send) -> None:
         await send({"type": "http.response.body", "body": event})
 
 
-async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
-    body = error.body()
+async def send_error(
+    send: Send, error: GatewayError, request_id: str, edge: RequestEdge | None = None
+) -> None:
     headers = error.headers()
-    headers.append((b"content-length", str(len(body)).encode()))
     headers.append((REQUEST_ID_HEADER, request_id.encode()))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_whole(send, edge, error.status, headers, error.body())
