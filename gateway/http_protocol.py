@@ -127,6 +127,25 @@ class RequestEdge:
         """Only when ``writable()``; ``body`` not empty."""
         self._write(b"%x\r\n%b\r\n" % (len(body), body))
 
+    def body(self) -> bytes | None:
+        """The request's whole body, taken as ``receive()`` would hand it over, when it has all
+        arrived and ``receive()`` would answer at once with it (no ``100 Continue`` is owed, the
+        client is still there, no response has begun); None otherwise: ``receive()`` reads it."""
+        cycle = self._cycle()
+        if (
+            cycle is None
+            or cycle.more_body
+            or cycle.waiting_for_100_continue
+            or cycle.disconnected
+            or cycle.response_complete
+        ):
+            return None
+        self._flow.resume_reading()
+        cycle.message_event.clear()
+        body = bytes(cycle.body)
+        cycle.body = bytearray()
+        return body
+
     def respond(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
         """Write a whole response, ``body`` with its ``content-length`` (``headers`` hold none), in
         one write, with the cycle left as ``send``'s two messages leave it; False (nothing written)
