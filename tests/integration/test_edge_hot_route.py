@@ -87,3 +87,18 @@ async def test_an_http_1_0_request_is_answered_and_its_connection_closed(fleet: 
         assert await rest_until_closed(reader) == b""
         await close_all([(reader, writer)])
         await assert_idle(gw)
+
+
+async def test_a_kept_alive_connection_closes_once_idle_for_the_keepalive_not_before(fleet: SimFleet) -> None:
+    """The keep-alive timer is the connection's: set by the first response, it fires while the
+    connection has been idle for less than the keep-alive and must wait out the rest, not close."""
+    async with running_gateway(edge_config(fleet, client_keepalive_s=1)) as gw:
+        reader, writer = await connect(gw)
+        for _ in range(3):  # the second and third requests come after the first timer is due
+            writer.write(request(SMALL_REQUEST))
+            status, _, body = await read_response(reader)
+            assert status == 200, body
+            await asyncio.sleep(0.6)
+        assert await rest_until_closed(reader) == b""
+        await close_all([(reader, writer)])
+        await assert_idle(gw)
