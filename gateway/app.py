@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -112,6 +112,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._client: ReplicaClient | None = None
         self._proxy: Proxy | None = None
+        self._access_log: AccessLog | None = None
         self.tracing: Tracing | None = None
         if config.tracing.enabled:
             from gateway.tracing import Tracing
@@ -168,7 +169,7 @@ class Gateway:
             keepalive_s=server.keepalive_s,
             limit=server.upstream_connections,
         )
-        access_log = (
+        access_log = self._access_log = (
             AccessLog(self.config.access_log, self.path.fleet.pool_of)
             if self.config.access_log.enabled
             else None
@@ -218,6 +219,16 @@ class Gateway:
             self._session = None
         if self.tracing is not None:
             self.tracing.shutdown()
+        if self._access_log is not None:
+            self._access_log.flush()
+
+    def hot_route(self) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
+        """What serves a completion ``POST`` the edge takes straight off the parser
+        (``gateway.http_protocol.HOT_PATHS``): the proxy once started, and nothing while new
+        requests are refused, so that this application's dispatch answers them."""
+        if self._refusing:
+            return None
+        return None if self._proxy is None else self._proxy.handle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._refusing and scope["type"] == "http":

@@ -44,7 +44,7 @@ from gateway.errors import (
 )
 from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
 from gateway.handoff import Handoff
-from gateway.http_protocol import REQUEST_EDGE
+from gateway.http_protocol import REQUEST_EDGE, RequestEdge, send_whole
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
@@ -104,27 +104,29 @@ class Proxy:
         request_id = os.urandom(16).hex()
         x_request_id, content_length, forward = scan_headers(scope["headers"])
         x_request_id = x_request_id or request_id
+        extensions = scope.get("extensions")
+        offered = None if extensions is None else extensions.get(REQUEST_EDGE)
+        edge: RequestEdge | None = None if offered is None else offered["edge"]
         try:
-            raw = await self._read_body(receive, content_length)
+            raw = await self._read_body(receive, content_length, edge)
             if raw is None:
                 return
             request = self._parse(scope["path"], raw, request_id, x_request_id, forward)
         except GatewayError as exc:
             unread = ProxyRequest(request_id, x_request_id, scope["path"], "", False, {}, b"", forward, [])
             unread.started_s = started_s
+            unread.edge = edge
             try:
                 await self._refuse(send, unread, exc)
             finally:
                 self._done(unread)
             return
         request.started_s = started_s
-        extensions = scope.get("extensions")
-        offered = None if extensions is None else extensions.get(REQUEST_EDGE)
         task = asyncio.current_task()
         assert task is not None
         watcher = None
-        if offered is not None:
-            edge = request.edge = offered["edge"]
+        if edge is not None:
+            request.edge = edge
             edge.watch(functools.partial(_on_disconnect, request, task))
         else:
             watcher = asyncio.ensure_future(receive())
@@ -205,15 +207,23 @@ class Proxy:
         self._metrics.count_error(error)
         request.status = error.status
         request.error = error
-        await send_error(send, error, request.x_request_id)
+        await send_error(send, error, request.x_request_id, request.edge)
 
-    async def _read_body(self, receive: Receive, content_length: int | None) -> bytes | None:
-        """The whole request body, or None if the client left while sending it."""
+    async def _read_body(
+        self, receive: Receive, content_length: int | None, edge: RequestEdge | None
+    ) -> bytes | None:
+        """The whole request body, or None if the client left while sending it. A body the edge
+        already holds whole is taken from it, with no ``receive()``."""
         limit = self._max_body_bytes
         if content_length is not None and content_length > limit:
             raise PayloadTooLarge(
                 f"request body of {content_length} bytes exceeds the limit of {limit} bytes"
             )
+        held = None if edge is None else edge.body()
+        if held is not None:
+            if len(held) > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+            return held
         message = await receive()
         if message["type"] != "http.request":
             return None
@@ -315,10 +325,9 @@ async def _end_at_shutdown(request: ProxyRequest, send: Send) -> None:
         await send({"type": "http.response.body", "body": event})
 
 
-async def send_error(send: Send, error: GatewayError, request_id: str) -> None:
-    body = error.body()
+async def send_error(
+    send: Send, error: GatewayError, request_id: str, edge: RequestEdge | None = None
+) -> None:
     headers = error.headers()
-    headers.append((b"content-length", str(len(body)).encode()))
     headers.append((REQUEST_ID_HEADER, request_id.encode()))
-    await send({"type": "http.response.start", "status": error.status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+    await send_whole(send, edge, error.status, headers, error.body())

@@ -35,6 +35,7 @@ from gateway.errors import BadGateway, GatewayError, translate_upstream, upstrea
 from gateway.fleet import Fleet
 from gateway.forwarding import NOT_RELAYED, SET_COOKIE, relay_headers
 from gateway.handoff import handoff_params, prefill_body
+from gateway.http_protocol import send_whole
 from gateway.metrics import GatewayMetrics
 from gateway.replica_http import ReplicaClient, ReplicaResponse
 from gateway.state import ProxyRequest, ReplicaState
@@ -107,12 +108,10 @@ class Relay:
                     now_s = self._clock()
                     accounting.first_token(request, replica, now_s)
                     _read_usage(request, body)
-                headers.append((b"content-length", str(len(body)).encode()))
                 request.response_started = True
                 self._metrics.count_relayed(status)
                 request.status = status
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+                await send_whole(send, request.edge, status, headers, body)
                 if status == 200:
                     fleet.observe(replica, status)
                     accounting.finished(request, replica, None, self._clock())
@@ -174,12 +173,10 @@ class Relay:
                 )
             if status != 200:
                 headers = relay_headers(response.headers, request.x_request_id, self._not_relayed)
-                headers.append((b"content-length", str(len(body)).encode()))
                 request.response_started = True
                 request.status = status
                 self._metrics.count_relayed(status)
-                await send({"type": "http.response.start", "status": status, "headers": headers})
-                await send({"type": "http.response.body", "body": body})
+                await send_whole(send, request.edge, status, headers, body)
                 return None
             params = handoff_params(body)
             if params is None:

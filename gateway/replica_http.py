@@ -8,8 +8,10 @@ the two completion routes need: ``POST`` with a body in one write, the response'
 headers, and the body as it arrives. aiohttp still serves every other upstream call (health
 probes, ``/metrics`` scrapes, ``/tokenize``).
 
-Timeouts live on the connection, not around the caller: one timer per request, moved only when it
-fires early, so a streamed chunk costs a clock read instead of a timer reschedule. Until the
+Timeouts live on the connection, not around the caller: one timer per connection, kept across its
+requests and moved only when it fires early (to the deadline then in force) or a deadline comes
+before it, so neither a request nor a streamed chunk costs a timer of its own (a timer set and
+cancelled costs ~2 µs of CPU on uvloop), only a clock read. Until the
 response's first body byte the deadline is ``first_byte_s`` after the request was written (a whole
 non-streamed generation); after it, a streamed response may be silent for at most ``idle_s``
 between chunks. A connection whose reader is paused (the client is slower than the replica) is
@@ -93,6 +95,8 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """When ``_timer`` fires (loop time)."""
         self.sink: Callable[[bytes], bool] | None = None
         """``ReplicaResponse.divert``'s callback."""
         self._reset()
@@ -234,7 +238,6 @@ class _Connection(asyncio.Protocol):
         # llhttp answers this only inside the callbacks; afterwards it reports False
         self._keep_alive = self._parser.should_keep_alive()
         self.complete = True
-        self._cancel_timer()
         self._wake()
 
     # -- internals ----------------------------------------------------------------------------
@@ -263,7 +266,13 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def _arm(self, when: float) -> None:
-        self._cancel_timer()
+        """Have the timer fire by ``when``: a pending one that fires no later stays (it moves on
+        to the deadline in force when it fires)."""
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return
+            self._timer.cancel()
+        self._timer_at = when
         self._timer = self._loop.call_at(when, self._on_timer)
 
     def _cancel_timer(self) -> None:
