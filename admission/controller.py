@@ -148,7 +148,7 @@ class AdmissionController:
             slots = self.max_active(v)
             if slots > most_slots:
                 most_slots = slots
-            if fits_sharing(v, kv_tokens, sequences, slots, blocks, resident):
+            if fits_sharing(v, kv_tokens, sequences, slots, blocks, resident, cost.prompt_tokens):
                 fitting.append(v)
         if not serving:
             return refusals.none_serving(model, fleet, self.config)
@@ -212,7 +212,13 @@ class AdmissionController:
             for v in fleet.replicas
             if routable(v, cost.model, fleet.now_s)
             and fits_sharing(
-                v, cost.kv_tokens, cost.sequences, self.max_active(v), request.prompt_blocks, fleet.resident
+                v,
+                cost.kv_tokens,
+                cost.sequences,
+                self.max_active(v),
+                request.prompt_blocks,
+                fleet.resident,
+                cost.prompt_tokens,
             )
         ]
         fitting.sort(key=kv_room_tokens, reverse=True)

@@ -25,6 +25,15 @@ blocks are reference-counted, so the last reservation holding a shared block tak
 ledger answers ``shared_tokens`` (``vocabulary.sharing.ResidentPrefixes``) for the room checks.
 Two requests that arrive together with one new system prompt are both charged for it, as both
 compute it: a block is never counted shared before it exists.
+
+Everything is counted in whole KV blocks of ``block_tokens``, as vLLM allocates them: a reservation
+is charged its worst case rounded up to whole blocks (a sequence's last block is allocated whole
+however few tokens it holds), and a prompt is credited only the shared blocks the replica's prefix
+cache will give it (never the block holding its last token, which vLLM computes again to produce
+the first token, so a prompt of exactly 32 tokens can hit one block, not two). With the replica's
+capacity in whole blocks, a request fits by tokens exactly when it fits by blocks, so what the
+ledger lets fit the replica never needs more blocks than the replica has (a request of ``n``
+sequences is rounded as a whole, not per sequence).
 """
 
 from __future__ import annotations
@@ -76,7 +85,7 @@ class Ledger(Protocol):
         reservations there; False (nothing changes) if ``request_id`` already holds one."""
         ...
 
-    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int]) -> int: ...
+    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int], prompt_tokens: int) -> int: ...
 
     def first_token(self, request_id: str) -> bool:
         """Prefill done: its prompt no longer counts as pending prefill."""
@@ -141,9 +150,9 @@ class InMemoryLedger:
             return False
         held = Reservation(request_id, replica_id, cost, now_s, now_s + self.lease_s)
         self._put(held)
-        kv_tokens = cost.kv_tokens
+        kv_tokens = self.kv_block_tokens(cost)
         if block_hashes:
-            shared = self.shared_tokens(replica_id, block_hashes) // self.block_tokens
+            shared = self.shared_tokens(replica_id, block_hashes, cost.prompt_tokens) // self.block_tokens
             if shared:
                 blocks = self._blocks[replica_id]
                 held_blocks = list(block_hashes[:shared])
@@ -157,16 +166,21 @@ class InMemoryLedger:
         self._push_lease(held)
         return True
 
-    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int]) -> int:
-        """Prompt tokens of ``block_hashes`` shared on ``replica_id``: its leading blocks that are.
-        Asked only when a request would not fit whole, and over with the first block not shared."""
+    def kv_block_tokens(self, cost: CostEstimate) -> int:
+        """``cost``'s worst case in whole blocks: what the replica may allocate for it."""
+        block = self.block_tokens
+        return -(-cost.kv_tokens // block) * block
+
+    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int], prompt_tokens: int) -> int:
+        """Prompt tokens of ``block_hashes`` shared on ``replica_id``: its leading blocks that are,
+        short of the block holding the prompt's last token (vLLM never hits that one). Asked only
+        when a request would not fit whole, and over with the first block not shared."""
         blocks = self._blocks.get(replica_id)
         if not blocks:
             return 0
+        hittable = min(len(block_hashes), (prompt_tokens - 1) // self.block_tokens)
         count = 0
-        for block in block_hashes:
-            if block not in blocks:
-                break
+        while count < hittable and block_hashes[count] in blocks:
             count += 1
         return count * self.block_tokens
 
@@ -222,7 +236,7 @@ class InMemoryLedger:
             return False
         replica_id = held.replica_id
         del self._by_replica[replica_id][request_id]
-        kv_tokens = held.cost.kv_tokens
+        kv_tokens = self.kv_block_tokens(held.cost)
         self._prompts.pop(request_id, None)
         holds = self._holds.pop(request_id, None)
         if holds:

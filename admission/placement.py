@@ -40,14 +40,17 @@ def fleet_placer(
         ):
             return None
         kv_tokens = entry.kv_tokens
-        sequences = entry.request.cost.sequences
+        cost = entry.request.cost
+        sequences = cost.sequences
         model = entry.request.model
         blocks = entry.request.prompt_blocks
         if not blocks and best_room.get(model, kv_tokens) < kv_tokens:
             return ()
         serving = [v for v in simulated.values() if routable(v, model, now_s)]
         fitting = [
-            v for v in serving if fits_sharing(v, kv_tokens, sequences, max_active(v), blocks, resident)
+            v
+            for v in serving
+            if fits_sharing(v, kv_tokens, sequences, max_active(v), blocks, resident, cost.prompt_tokens)
         ]
         if not fitting:
             best_room[model] = max(
@@ -58,7 +61,6 @@ def fleet_placer(
         fitting.sort(key=kv_room_tokens, reverse=True)
         chosen = fitting[0]
         load = chosen.load
-        cost = entry.request.cost
         simulated[chosen.replica_id] = dataclasses.replace(
             chosen,
             load=dataclasses.replace(

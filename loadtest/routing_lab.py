@@ -165,7 +165,7 @@ def play(
 ) -> LabResult:
     """Every request of ``requests`` through one fleet of ``replicas`` engines behind ``config``'s router."""
     router = Router(config, random.Random(config.seed))
-    ledger = InMemoryLedger()
+    ledger = InMemoryLedger(block_tokens=profile.block_size_tokens)
     fleet = [_Replica(f"r{i}", Engine(profile, seed=i), ledger) for i in range(replicas)]
     by_id = {replica.replica_id: replica for replica in fleet}
     outcomes = [Outcome(request) for request in requests]

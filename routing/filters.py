@@ -60,7 +60,13 @@ class Gate:
         request = self.request
         blocks = request.block_hashes
         return fits_sharing(
-            view, request.kv_tokens, request.sequences, self.slots(view), blocks, self.resident
+            view,
+            request.kv_tokens,
+            request.sequences,
+            self.slots(view),
+            blocks,
+            self.resident,
+            request.prompt_tokens,
         )
 
     def rejection(self, view: ReplicaView) -> str | None:

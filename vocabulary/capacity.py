@@ -49,14 +49,16 @@ def fits_sharing(
     max_active_sequences: int,
     block_hashes: Sequence[int],
     resident: ResidentPrefixes,
+    prompt_tokens: int,
 ) -> bool:
     """``fits``, not charging the request for the prompt blocks ``resident`` says ``view`` holds
-    already; those are looked up only when the whole would not fit, which most checks never need."""
+    already for its ``prompt_tokens``-token prompt; those are looked up only when the whole would
+    not fit, which most checks never need."""
     if fits(view, kv_tokens, sequences, max_active_sequences):
         return True
     if not block_hashes:
         return False
-    shared = resident.shared_tokens(view.replica_id, block_hashes)
+    shared = resident.shared_tokens(view.replica_id, block_hashes, prompt_tokens)
     return shared > 0 and fits(view, kv_tokens - shared, sequences, max_active_sequences)
 
 

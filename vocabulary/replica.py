@@ -46,7 +46,8 @@ class ReplicaLoad:
     remaining_decode_tokens: int = 0
     """Sum over resident sequences of ``max_output_tokens - produced``: a worst-case bound."""
     reserved_kv_tokens: int = 0
-    """Sum over resident sequences of ``prompt_tokens + max_output_tokens``: the worst-case KV."""
+    """Sum over resident sequences of ``prompt_tokens + max_output_tokens`` in whole KV blocks, less
+    the shared prompt blocks counted once: the worst-case KV (``admission.ledger``)."""
 
     @property
     def outstanding_tokens(self) -> int:

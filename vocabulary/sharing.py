@@ -18,13 +18,15 @@ from typing import Protocol
 
 
 class ResidentPrefixes(Protocol):
-    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int]) -> int:
-        """Tokens of the prompt ``block_hashes`` that resident requests on ``replica_id`` hold."""
+    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int], prompt_tokens: int) -> int:
+        """Tokens of the prompt ``block_hashes`` (``prompt_tokens`` long) that resident requests on
+        ``replica_id`` hold and the replica's prefix cache will give it: whole blocks, never the one
+        holding the prompt's last token, which vLLM computes again to produce the first token."""
         ...
 
 
 class _NothingShared:
-    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int]) -> int:
+    def shared_tokens(self, replica_id: str, block_hashes: Sequence[int], prompt_tokens: int) -> int:
         return 0
 
 

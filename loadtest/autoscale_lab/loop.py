@@ -147,7 +147,7 @@ class _Loop:
         self.end_s = end_s
         self.profile = settings.profile
         self.router = Router(settings.routing, random.Random(settings.seed))
-        self.ledger = InMemoryLedger()
+        self.ledger = InMemoryLedger(block_tokens=self.profile.block_size_tokens)
         self.windows = SignalsWindow(lambda: self.now_s, settings.signals_window_s)
         self.arrivals_window = CountWindow(settings.signals_window_s)
         self.replicas: list[LabReplica] = []

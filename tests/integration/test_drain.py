@@ -208,8 +208,9 @@ async def test_a_drain_in_process_finishes_a_stream_and_holds_nothing() -> None:
 
 
 def queueing_config(urls: list[str], drain_timeout_s: float) -> GatewayConfig:
-    """Room for four requests of 250 tokens: a fifth waits in the admission queue."""
-    pool = {"name": "default", "replicas": urls, "kv_capacity_tokens": 1000, "max_sequences": 16}
+    """Room for four requests of a short prompt and 240 output tokens (16 blocks each of the 64):
+    a fifth waits in the admission queue."""
+    pool = {"name": "default", "replicas": urls, "kv_capacity_tokens": 1024, "max_sequences": 16}
     return gateway_config(
         urls,
         pools=[pool],

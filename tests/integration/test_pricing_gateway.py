@@ -27,6 +27,11 @@ def tokens(text: str) -> int:
     return TOKENIZER.count(text)
 
 
+def in_blocks(kv_tokens: int) -> int:
+    """What the ledger reserves for ``kv_tokens``: whole 16-token KV blocks, as vLLM allocates them."""
+    return -(-kv_tokens // 16) * 16
+
+
 def fleet_of(max_model_len: int = MAX_MODEL_LEN) -> SimFleet:
     return SimFleet(
         replicas=1, time_scale=0.0, seed=0, overrides={"warmup_s": 0, "max_model_len": max_model_len}
@@ -96,7 +101,7 @@ async def test_n_is_priced_as_that_many_sequences_and_bounded() -> None:
             body = {"model": MODEL, "prompt": "hi", "max_tokens": 7, "n": 4, "ignore_eos": True}
             held, answer = await held_while_paused(gw, fleet, http, "/v1/completions", body)
         assert held.resident_sequences == 4
-        assert held.reserved_kv_tokens == tokens("hi") + 4 * 7
+        assert held.reserved_kv_tokens == in_blocks(tokens("hi") + 4 * 7)
         assert answer.status_code == 200
         assert len(answer.json()["choices"]) == 4 and answer.json()["usage"]["completion_tokens"] == 28
         await assert_idle(gw)
@@ -134,7 +139,7 @@ async def test_completions_price_and_forward_max_tokens_whatever_max_completion_
                 "ignore_eos": True,
             }
             held, answer = await held_while_paused(gw, fleet, http, "/v1/completions", body)
-            assert held.reserved_kv_tokens == tokens("hi") + 40
+            assert held.reserved_kv_tokens == in_blocks(tokens("hi") + 40)
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 40
             chat_body = {
                 "model": MODEL,
@@ -145,7 +150,7 @@ async def test_completions_price_and_forward_max_tokens_whatever_max_completion_
             }
             held, answer = await held_while_paused(gw, fleet, http, "/v1/chat/completions", chat_body)
             prompt = tokens(ChatTemplate().render(chat_body["messages"]))
-            assert held.reserved_kv_tokens == prompt + 5
+            assert held.reserved_kv_tokens == in_blocks(prompt + 5)
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 5
         await assert_idle(gw)
 
@@ -156,7 +161,7 @@ async def test_each_prompt_of_a_batch_is_priced_as_its_own_request() -> None:
             body = {"model": MODEL, "prompt": PROMPTS, "max_tokens": 6, "n": 2, "ignore_eos": True}
             held, answer = await held_while_paused(gw, fleet, http, "/v1/completions", body)
             assert held.resident_sequences == 6
-            assert held.reserved_kv_tokens == sum(tokens(p) for p in PROMPTS) + 6 * 6
+            assert held.reserved_kv_tokens == in_blocks(sum(tokens(p) for p in PROMPTS) + 6 * 6)
             assert answer.status_code == 200
             usage = answer.json()["usage"]
             assert usage["completion_tokens"] == 36
@@ -164,7 +169,7 @@ async def test_each_prompt_of_a_batch_is_priced_as_its_own_request() -> None:
             assert sorted(c["index"] for c in answer.json()["choices"]) == list(range(6))
             ids = {"model": MODEL, "prompt": [[1, 2, 3], [4, 5]], "max_tokens": 3, "ignore_eos": True}
             held, answer = await held_while_paused(gw, fleet, http, "/v1/completions", ids)
-            assert (held.resident_sequences, held.reserved_kv_tokens) == (2, 5 + 2 * 3)
+            assert (held.resident_sequences, held.reserved_kv_tokens) == (2, in_blocks(5 + 2 * 3))
             assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 6
         await assert_idle(gw)
 

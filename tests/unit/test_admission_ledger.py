@@ -6,7 +6,11 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from admission.cost import CostEstimate
 from admission.ledger import InMemoryLedger
-from vocabulary.replica import ReplicaLoad
+from loadtest.sim.engine import Engine
+from loadtest.sim.profile import resolve_profile
+from routing.prefix_hash import block_hashes
+from vocabulary.capacity import fits_sharing
+from vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 REPLICAS = ("r0", "r1", "r2")
 REQUEST_IDS = tuple(f"q{i}" for i in range(8))
@@ -20,33 +24,117 @@ def test_a_computed_prompt_prefix_is_reserved_once_on_its_replica_until_its_last
     system = tuple(range(100))
     ledger = InMemoryLedger(block_tokens=16)
     assert ledger.reserve("a", "r0", cost(1_700, 100), 0.0, (*system, 500, 501))
-    assert ledger.load("r0").reserved_kv_tokens == 1_800
+    # 1,800 tokens take 113 whole blocks.
+    assert ledger.load("r0").reserved_kv_tokens == 1_808
     # Not computed yet: a second request with the same prompt computes it too and pays for it.
-    assert ledger.shared_tokens("r0", (*system, 900)) == 0
+    assert ledger.shared_tokens("r0", (*system, 900), 1_650) == 0
     assert ledger.first_token("a")
-    assert ledger.shared_tokens("r0", (*system, 900)) == 1_600
-    assert ledger.shared_tokens("r1", (*system, 900)) == 0
+    assert ledger.shared_tokens("r0", (*system, 900), 1_650) == 1_600
+    assert ledger.shared_tokens("r1", (*system, 900), 1_650) == 0
     assert ledger.reserve("b", "r0", cost(1_650, 100), 0.0, (*system, 600))
-    assert ledger.load("r0").reserved_kv_tokens == 1_800 + 1_750 - 1_600
+    # b's 1,750 tokens take 110 blocks, 100 of them shared.
+    assert ledger.load("r0").reserved_kv_tokens == 1_808 + 1_760 - 1_600
     assert ledger.reserve("c", "r1", cost(1_650, 100), 0.0, (*system, 600))
-    assert ledger.load("r1").reserved_kv_tokens == 1_750
+    assert ledger.load("r1").reserved_kv_tokens == 1_760
     # The first holder ends first: the shared blocks stay, held by the one still using them.
     assert ledger.release("a")
-    assert ledger.load("r0").reserved_kv_tokens == 1_750
-    assert ledger.shared_tokens("r0", (*system, 900)) == 1_600
+    assert ledger.load("r0").reserved_kv_tokens == 1_760
+    assert ledger.shared_tokens("r0", (*system, 900), 1_650) == 1_600
     assert ledger.release("b") and ledger.release("c")
     assert ledger.totals() == ReplicaLoad()
-    assert ledger.shared_tokens("r0", system) == 0
+    assert ledger.shared_tokens("r0", system, 1_600) == 0
+
+
+def test_a_prompt_is_never_credited_the_block_holding_its_last_token() -> None:
+    """vLLM computes a prompt's last token again to produce the first output token, so a prompt of
+    exactly 1,600 tokens (100 full blocks) can hit 99 of them; one token longer, all 100."""
+    system = tuple(range(100))
+    ledger = InMemoryLedger(block_tokens=16)
+    assert ledger.reserve("a", "r0", cost(1_601, 99), 0.0, system)
+    assert ledger.first_token("a")
+    assert ledger.load("r0").reserved_kv_tokens == 1_712
+    assert ledger.shared_tokens("r0", system, 1_601) == 1_600
+    assert ledger.shared_tokens("r0", system, 1_600) == 1_584
+    assert ledger.reserve("b", "r0", cost(1_600, 100), 0.0, system)
+    # b's 1,700 tokens take 107 blocks, 99 of them shared; its last prompt block is its own copy.
+    assert ledger.load("r0").reserved_kv_tokens == 1_712 + 1_712 - 1_584
+    assert ledger.release("a")
+    assert ledger.load("r0").reserved_kv_tokens == 1_712
+    assert ledger.release("b")
+    assert ledger.totals() == ReplicaLoad()
+
+
+def admit_and_run(
+    kv_capacity_tokens: int, prompts: list[list[int]], max_tokens: int
+) -> tuple[list[int], Engine]:
+    """Offer each prompt in turn to one simulated replica, through the room check admission and
+    routing ask and the ledger, each once the ones before it have their first token (so their
+    prompt blocks are shared); run what was admitted to the end. Returns the admitted indexes."""
+    engine = Engine(resolve_profile(overrides={"warmup_s": 0, "kv_capacity_tokens": kv_capacity_tokens}))
+    ledger = InMemoryLedger(block_tokens=engine.profile.block_size_tokens)
+    admitted: list[int] = []
+    now_s = 0.0
+    for index, prompt in enumerate(prompts):
+        request_cost = cost(len(prompt), max_tokens)
+        hashes = block_hashes(prompt, engine.profile.block_size_tokens)
+        view = ReplicaView(
+            "r0",
+            "sim://r0",
+            "pool",
+            Role.MIXED,
+            frozenset({"m"}),
+            kv_capacity_tokens,
+            16,
+            True,
+            0.0,
+            ledger.load("r0"),
+        )
+        if fits_sharing(view, request_cost.kv_tokens, 1, 16, hashes, ledger, len(prompt)):
+            ledger.reserve(f"q{index}", "r0", request_cost, now_s, hashes)
+            engine.add_request(f"q{index}", prompt, max_tokens, now_s, ignore_eos=True)
+            admitted.append(index)
+            while engine.has_work and not any(
+                r.request_id == f"q{index}" for r in engine.step(now_s).produced
+            ):
+                now_s += 0.01
+            ledger.first_token(f"q{index}")
+    while engine.has_work:
+        now_s = engine.step(now_s).end_s
+    assert ledger.load("r0").reserved_kv_tokens <= kv_capacity_tokens
+    return admitted, engine
+
+
+def test_sequences_hold_whole_blocks_so_fewer_fit_than_their_tokens_say() -> None:
+    """Three requests of 10 prompt and 10 output tokens are 60 tokens, under a 64-token replica, but
+    each sequence holds two 16-token blocks and the replica has four: counted in tokens all three
+    were admitted and the replica preempted once; counted in blocks the third waits."""
+    prompts = [list(range(100 * i, 100 * i + 10)) for i in range(3)]
+    admitted, engine = admit_and_run(64, prompts, 10)
+    assert admitted == [0, 1]
+    assert engine.stats.num_preemptions == 0
+
+
+def test_a_prompt_of_whole_blocks_is_computed_again_in_its_last_block() -> None:
+    """Three requests with one 32-token prompt (two full blocks) and 32 output tokens, four blocks
+    each, on a replica of eight blocks: the first takes four; each later one hits only the first
+    block (vLLM computes the last prompt token again) and takes three of its own. Crediting both
+    prompt blocks admitted all three (64 + 32 + 32 tokens) onto ten blocks of work, and the replica
+    preempted twice; crediting the one it hits, the third waits."""
+    prompt = list(range(32))
+    admitted, engine = admit_and_run(128, [prompt, prompt, prompt], 32)
+    assert admitted == [0, 1]
+    assert engine.stats.num_preemptions == 0
 
 
 def test_lifecycle_moves_prefill_to_decode_and_back_to_zero() -> None:
     ledger = InMemoryLedger()
     assert ledger.reserve("a", "r0", cost(100, 50), now_s=0.0)
-    assert ledger.load("r0") == ReplicaLoad(100, 1, 50, 150)
+    # 150 tokens of KV take 10 whole 16-token blocks.
+    assert ledger.load("r0") == ReplicaLoad(100, 1, 50, 160)
     assert ledger.first_token("a")
-    assert ledger.load("r0") == ReplicaLoad(0, 1, 50, 150)
+    assert ledger.load("r0") == ReplicaLoad(0, 1, 50, 160)
     assert ledger.produced("a", 20)
-    assert ledger.load("r0") == ReplicaLoad(0, 1, 30, 150)
+    assert ledger.load("r0") == ReplicaLoad(0, 1, 30, 160)
     assert ledger.release("a")
     assert ledger.load("r0") == ReplicaLoad() == ledger.totals()
 
@@ -57,14 +145,14 @@ def test_release_is_idempotent() -> None:
     ledger.reserve("b", "r0", cost(5, 5), 0.0)
     assert ledger.release("a") is True
     assert ledger.release("a") is False
-    assert ledger.totals() == ReplicaLoad(5, 1, 5, 10)
+    assert ledger.totals() == ReplicaLoad(5, 1, 5, 16)
 
 
 def test_duplicate_reserve_changes_nothing() -> None:
     ledger = InMemoryLedger()
     assert ledger.reserve("a", "r0", cost(10, 10), 0.0)
     assert not ledger.reserve("a", "r1", cost(99, 99), 0.0)
-    assert ledger.totals() == ReplicaLoad(10, 1, 10, 20)
+    assert ledger.totals() == ReplicaLoad(10, 1, 10, 32)
 
 
 def test_produced_is_a_running_total_clamped_to_the_cap() -> None:
@@ -97,7 +185,7 @@ def test_replica_death_releases_only_its_reservations() -> None:
     ledger.reserve("b", "r1", cost(3, 4), 0.0)
     assert [r.request_id for r in ledger.release_replica("r0")] == ["a"]
     assert ledger.release_replica("r0") == []
-    assert ledger.totals() == ledger.load("r1") == ReplicaLoad(3, 1, 4, 7)
+    assert ledger.totals() == ledger.load("r1") == ReplicaLoad(3, 1, 4, 16)
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -133,7 +221,7 @@ class LedgerMachine(RuleBasedStateMachine):
             self.held[request_id] = (replica_id, prompt, max_output, False, 0, blocks)
             pool = self.shared[replica_id]
             holds = []
-            for block in blocks:
+            for block in blocks[: max(0, prompt - 1) // 16]:
                 if block not in pool:
                     break
                 pool[block] += 1
@@ -221,13 +309,16 @@ class LedgerMachine(RuleBasedStateMachine):
                 resident_sequences=len(mine),
                 remaining_decode_tokens=sum(h[2] - h[4] for h in mine.values()),
                 reserved_kv_tokens=16 * len(pool)
-                + sum(h[1] + h[2] - 16 * len(self.holds[r]) for r, h in mine.items()),
+                + sum(-(-(h[1] + h[2]) // 16) * 16 - 16 * len(self.holds[r]) for r, h in mine.items()),
             )
             assert len(self.ledger.resident(replica_id)) == len(mine)
             for family in range(3):
                 prompt = [1000 * family + i for i in range(400)]
                 leading = next((i for i, block in enumerate(prompt) if block not in pool), len(prompt))
-                assert self.ledger.shared_tokens(replica_id, prompt) == 16 * leading
+                assert self.ledger.shared_tokens(replica_id, prompt, 16 * len(prompt) + 1) == 16 * leading
+                assert self.ledger.shared_tokens(replica_id, prompt[:leading], 16 * leading) == 16 * max(
+                    0, leading - 1
+                )
 
     @invariant()
     def nothing_in_flight_means_all_zero(self) -> None:

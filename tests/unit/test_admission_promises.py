@@ -20,7 +20,7 @@ NO_QUEUE = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0)
 
 def freq(
     body: bytes,
-    prompt: int = 100,
+    prompt: int = 112,
     max_output: int = 400,
     tenant: Tenant | None = None,
     retry: int | None = 0,
@@ -38,8 +38,8 @@ def freq(
 
 
 def full_fleet(config: AdmissionConfig = NO_QUEUE) -> tuple[Fleet, list[AdmissionRequest]]:
-    """One replica of 1000 KV tokens holding two 500-token sequences."""
-    fleet = Fleet(config, {"r": 1000})
+    """One replica of 1024 KV tokens (64 blocks) holding two 512-token sequences."""
+    fleet = Fleet(config, {"r": 1024})
     resident = [freq(b"a"), freq(b"b")]
     for request in resident:
         assert isinstance(fleet.admit(request), Admit)
@@ -66,7 +66,7 @@ def test_a_request_back_at_its_retry_after_goes_before_new_arrivals() -> None:
     fleet.now_s = first.retry_after.milliseconds / 1000.0
     assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
-    assert fleet.ledger.totals().reserved_kv_tokens == 1000
+    assert fleet.ledger.totals().reserved_kv_tokens == 1024
 
 
 def test_without_the_promise_the_newcomer_would_have_taken_the_room() -> None:
@@ -93,7 +93,7 @@ def test_a_claimant_never_over_commits_the_fleet() -> None:
     fleet.now_s = first.retry_after.expected_s
     again = fleet.admit(freq(b"c", retry=1))
     assert not isinstance(again, Admit)
-    assert fleet.ledger.totals().reserved_kv_tokens == 1000
+    assert fleet.ledger.totals().reserved_kv_tokens == 1024
     assert fleet.controller.queue_stats(fleet.now_s).promised_requests == 1
 
 
@@ -245,7 +245,7 @@ def test_retry_count_header() -> None:
     )
 )
 def test_promises_never_over_commit_a_replica(steps: list[tuple[str, int, PriorityClass]]) -> None:
-    fleet = Fleet(AdmissionConfig(max_queue_wait_s=1.0, promise_grace_s=1.0), {"r1": 1200, "r2": 900})
+    fleet = Fleet(AdmissionConfig(max_queue_wait_s=1.0, promise_grace_s=1.0), {"r1": 1200, "r2": 896})
     resident: list[str] = []
     due_s: dict[int, float] = {}
     for action, n, priority in steps:
@@ -334,7 +334,7 @@ def test_promises_hold_room_only_within_their_share_of_the_fleet() -> None:
     assert first.retry_after is not None
     fleet.now_s = first.retry_after.expected_s - 0.5
     fleet.release(resident[0].request_id)
-    assert isinstance(fleet.admit(freq(b"d")), Admit), "its 500 tokens are over 0.4 of 1000"
+    assert isinstance(fleet.admit(freq(b"d")), Admit), "its 512 tokens are over 0.4 of 1024"
 
 
 def test_a_promise_booked_by_another_gateway_is_honoured_here_and_dropped_there() -> None:

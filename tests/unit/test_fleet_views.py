@@ -42,7 +42,7 @@ def test_unchanged_views_are_reused_and_each_change_rebuilds_only_its_replica() 
 
     state.ledger.reserve("r1", URLS[1], CostEstimate("m", 100, 50, 1), 100.0)
     loaded = f.views(100.0)
-    assert loaded[1].load.reserved_kv_tokens == 150 and loaded[0] is healthy[0]
+    assert loaded[1].load.reserved_kv_tokens == 160 and loaded[0] is healthy[0]  # 150 in whole blocks
 
     first.ttft_ewma_s = 0.2
     second.scraped = ScrapedMetrics(0.5, 1, 0, None, None, 100.0)
