@@ -93,7 +93,9 @@ class KvgatePolicy:
             ]
             bounded = self._within_bound(loads, costs, matched)
             if 0 < self._home_key_blocks <= len(hashes):
-                home, home_score = self._home(request, candidates, matched, bounded, len(replicas), now_s)
+                home, home_score = self._home(
+                    request, candidates, replica_ids, matched, bounded, len(replicas), now_s
+                )
         else:
             # Without a prefix to score, no scorer reads the bound: every candidate is inside it.
             matched = [0] * len(candidates)
@@ -161,12 +163,13 @@ class KvgatePolicy:
         self,
         request: RoutingRequest,
         candidates: Sequence[ReplicaView],
+        replica_ids: Sequence[str],
         matched: Sequence[int],
         bounded: Sequence[bool],
         fleet_size: int,
         now_s: float,
     ) -> tuple[int, float]:
-        """The prefix's home among ``candidates`` and its score.
+        """The prefix's home among ``candidates`` (whose ids are ``replica_ids``) and its score.
 
         Candidates above the load limit cannot be the home; if any within it already hold the key,
         the home is one of them, so a prefix spilled to its next home stays there while it is
@@ -190,7 +193,6 @@ class KvgatePolicy:
         hashes = request.block_hashes
         key_blocks = self._home_key_blocks
         key = hashes[key_blocks - 1]
-        replica_ids = [view.replica_id for view in candidates]
         longest_blocks = self._index.longest_blocks(hashes)
         home_score = min(1.0, max(key_blocks, longest_blocks) * BLOCK_SIZE_TOKENS / self._home_full_tokens)
         eligible = [i for i, held in enumerate(matched) if held >= key_blocks and bounded[i]]
