@@ -185,10 +185,9 @@ class KvgatePolicy:
         ``prefix_home_full_tokens``). Room counts even with admission off: there nothing else keeps
         documents from piling onto one replica until it preempts. A prefix no candidate within the
         limit holds gets no home on a candidate taking more than ``SCAN_WRITER_FACTOR`` x the mean
-        of those blocks. In a fleet
-        that also serves long one-off documents, they then fill as few replicas' caches as the load
-        limit allows (each one taken raises that replica's rate, so it keeps them) and the shared
-        prefixes the others', which turn over more slowly.
+        of those blocks. In a fleet that also serves long one-off documents, they then fill as few
+        replicas' caches as the load limit allows (each one taken raises that replica's rate, so it
+        keeps them) and the shared prefixes the others', which turn over more slowly.
         """
         hashes = request.block_hashes
         key_blocks = self._home_key_blocks
