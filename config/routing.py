@@ -76,12 +76,25 @@ class RoutingConfig(BaseModel):
             "proportion, so it weighs less against load. Default 2048. Example: 1024"
         ),
     )
+    scan_prompt_tokens: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "A prompt at least this long of which no replica is known to hold even the first "
+            "prefix_home_key_tokens is taken as read once (a document): it goes to the replica "
+            "within the load limit already taking the most such prompts' KV blocks, and prefixes "
+            "not yet cached anywhere within the limit get their home elsewhere, so the other "
+            "replicas' prefix caches turn over more slowly, at the cost of the documents' TTFT tail "
+            "(they queue behind each other on fewer replicas); 0 disables. Default 0. Example: 4096"
+        ),
+    )
     prefix_index_capacity_blocks: int = Field(
         default=16_384,
         gt=0,
         description=(
-            "Most prompt blocks (16 tokens each) remembered per replica in the prefix index; the "
-            "least recently routed are forgotten first. Default 16384. Example: 32768"
+            "Most prompt blocks (16 tokens each) remembered per replica in the prefix index (and "
+            "never more than twice the replica's KV cache); the least recently routed are "
+            "forgotten first. Default 16384. Example: 32768"
         ),
     )
     prefix_hold_s: float = Field(

@@ -104,6 +104,11 @@ class PolicyRun:
     hit_ratio: float
     preemptions: int
     lag_ratio: float
+    hit_tokens: float = 0.0
+    """Prompt tokens the replicas found in their prefix cache: prefill saved. A preempted sequence's
+    prompt, scheduled again, queries (and hits) a second time, so this and the hit rate count it."""
+    prefilled_tokens: float = 0.0
+    """Prompt tokens the replicas computed (queries less hits), re-prefills after preemption included."""
 
 
 async def serve_fleet(
@@ -304,7 +309,8 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
     print(
         f"\nSLO: TTFT <= {slo.ttft_s:g} s and mean inter-token gap <= {slo.itl_s * 1000:g} ms\n"
         f"{'target':<18} {'requests':>8} {'ok':>5} {'429':>5} {'goodput':>8} {'good %':>7} {'good/s':>7} "
-        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'preempt':>7} {'sim lag':>8}"
+        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'saved M':>7} "
+        f"{'prefill M':>9} {'preempt':>7} {'sim lag':>8}"
     )
     for run in runs:
         s = run.summary
@@ -312,6 +318,7 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
             f"{run.policy:<18} {s.requests:>8} {s.ok:>5} {s.rejects:>5} {s.goodput_requests:>8} "
             f"{100 * s.goodput_ratio:>6.1f}% {s.goodput_rps:>7.2f} {_fmt(s.ttft_p50_s):>9} "
             f"{_fmt(s.ttft_p95_s):>9} {_fmt(s.itl_p95_s, 1000, 1):>10} {run.hit_ratio:>10.3f} "
+            f"{run.hit_tokens / 1e6:>7.3f} {run.prefilled_tokens / 1e6:>9.3f} "
             f"{run.preemptions:>7} {run.lag_ratio:>8.3f}"
         )
     base = next((run for run in runs if run.policy == BASELINE), runs[0])
@@ -422,7 +429,11 @@ async def bench(args: argparse.Namespace) -> None:
         hits = after[policy].prefix_hits_tokens - before[policy].prefix_hits_tokens
         preemptions = int(after[policy].preemptions - before[policy].preemptions)
         hit_ratio = hits / queries if queries else 0.0
-        runs.append(PolicyRun(policy, summary, result, hit_ratio, preemptions, after[policy].lag_ratio))
+        runs.append(
+            PolicyRun(
+                policy, summary, result, hit_ratio, preemptions, after[policy].lag_ratio, hits, queries - hits
+            )
+        )
     print_table(runs, slo)
     print("\nby request class:\n" + class_table(results, slo))
     plot(runs, slo, args.png)

@@ -25,11 +25,13 @@ _Holders = str | set[str]
 
 
 class _Blocks:
-    __slots__ = ("old", "recent")
+    __slots__ = ("old", "recent", "written")
 
     def __init__(self) -> None:
         self.recent: dict[int, None] = {}
         self.old: dict[int, None] = {}
+        self.written = 0
+        """Blocks the replica was sent to write since ``recent`` began: new prompt and output blocks."""
 
     def __contains__(self, block_hash: int) -> bool:
         return block_hash in self.recent or block_hash in self.old
@@ -43,15 +45,23 @@ class PrefixIndex:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be > 0, got {capacity_blocks}")
         self._capacity_blocks = capacity_blocks
-        self._generation_blocks = max(1, capacity_blocks // 2)
         self._by_replica: dict[str, _Blocks] = {}
         self._holders: dict[int, _Holders] = {}
 
-    def record(self, replica_id: str, hashes: Sequence[int]) -> None:
-        """Remember that the prompt with these chained block hashes was sent to ``replica_id``."""
+    def record(
+        self, replica_id: str, hashes: Sequence[int], output_blocks: int = 0, capacity_blocks: int = 0
+    ) -> int:
+        """Remember that the prompt with these chained block hashes was sent to ``replica_id``, which
+        may generate ``output_blocks`` more and caches at most ``capacity_blocks`` (0: the index's
+        own bound; a larger value counts as that bound); returns how many prompt blocks it was not
+        known to hold (what it writes besides its output)."""
         blocks = self._by_replica.get(replica_id)
         if blocks is None:
             blocks = self._by_replica[replica_id] = _Blocks()
+        capacity = self._capacity_blocks
+        if 0 < capacity_blocks < capacity:
+            capacity = capacity_blocks
+        generation = max(1, capacity // 2)
         held = self.match_blocks(replica_id, hashes)
         if held and hashes[held - 1] not in blocks.recent:
             head = hashes[:held]
@@ -69,13 +79,15 @@ class PrefixIndex:
                     current.add(replica_id)
                 elif current != replica_id:
                     holders[h] = {current, replica_id}
-        if len(blocks.recent) > self._generation_blocks:
+        blocks.written += len(new) + output_blocks
+        if len(blocks.recent) > generation or blocks.written > generation:
             for h in blocks.old:
                 self._drop_holder(h, replica_id)
-            blocks.old, blocks.recent = blocks.recent, {}
-        while len(blocks) > self._capacity_blocks:
+            blocks.old, blocks.recent, blocks.written = blocks.recent, {}, 0
+        while len(blocks) > capacity:
             h, _ = (blocks.old or blocks.recent).popitem()
             self._drop_holder(h, replica_id)
+        return len(new)
 
     def match_blocks(self, replica_id: str, hashes: Sequence[int]) -> int:
         """Leading blocks of ``hashes`` held by ``replica_id``, stopping at the first miss."""

@@ -32,16 +32,24 @@ from routing.ramp import Ramp
 from routing.rendezvous import HomeRanking
 from routing.request import RoutingRequest
 from routing.scorers import SCORERS, Scorer, ScoringContext
+from routing.turnover import WriteRates
 from vocabulary.replica import ReplicaView
 
 PREFIX_HOLDER_FULL = "prefix_holder_full"
 """No replica chosen: the ones holding the request's prefix are full and it may wait for them."""
+SCAN_WRITER_FACTOR = 1.25
+"""A candidate taking more than this multiple of the candidates' mean rate of blocks written by
+prompts read once (``routing/turnover.py``) gets no new prefix as its home: its cache turns over
+fastest, so a prefix placed there would be evicted before its next use."""
 
 
 class KvgatePolicy:
-    def __init__(self, config: RoutingConfig, rng: random.Random, index: PrefixIndex) -> None:
+    def __init__(
+        self, config: RoutingConfig, rng: random.Random, index: PrefixIndex, writes: WriteRates
+    ) -> None:
         self._rng = rng
         self._index = index
+        self._writes = writes
         self._scorers = tuple((name, SCORERS[name], w) for name, w in config.scorer_weights.items() if w > 0)
         self._uses_prefix = any(name == "prefix_locality" for name, _, _ in self._scorers)
         self._sample_size = config.sample_size
@@ -50,6 +58,7 @@ class KvgatePolicy:
         self._holder_load_factor = max(config.holder_load_factor, config.bounded_load_factor)
         self._home_key_blocks = config.prefix_home_key_tokens // BLOCK_SIZE_TOKENS
         self._home_full_tokens = config.prefix_home_full_tokens
+        self._scan_tokens = config.scan_prompt_tokens
         self._homes = HomeRanking()
         self._ramp = Ramp(config.warmup_s, config.min_ratio, config.aggression, config.cold_ttft_factor)
         self._positions: dict[str, int] = {}
@@ -84,7 +93,9 @@ class KvgatePolicy:
             ]
             bounded = self._within_bound(loads, costs, matched)
             if 0 < self._home_key_blocks <= len(hashes):
-                home, home_score = self._home(hashes, replica_ids, matched, bounded, len(replicas))
+                home, home_score = self._home(
+                    request, candidates, replica_ids, matched, bounded, len(replicas), now_s
+                )
         else:
             # Without a prefix to score, no scorer reads the bound: every candidate is inside it.
             matched = [0] * len(candidates)
@@ -150,13 +161,15 @@ class KvgatePolicy:
 
     def _home(
         self,
-        hashes: Sequence[int],
+        request: RoutingRequest,
+        candidates: Sequence[ReplicaView],
         replica_ids: Sequence[str],
         matched: Sequence[int],
         bounded: Sequence[bool],
         fleet_size: int,
+        now_s: float,
     ) -> tuple[int, float]:
-        """The prefix's home among the candidates ``replica_ids`` and its score.
+        """The prefix's home among ``candidates`` (whose ids are ``replica_ids``) and its score.
 
         Candidates above the load limit cannot be the home; if any within it already hold the key,
         the home is one of them, so a prefix spilled to its next home stays there while it is
@@ -164,14 +177,46 @@ class KvgatePolicy:
         A hit saves at least the key's tokens if the prefix is shared at all, and the longest prefix
         the index knows some replica holds is shared by construction: the larger is the estimate of
         the prefill tokens saved.
+
+        A prompt of at least ``scan_prompt_tokens`` whose key no replica is known to hold is taken
+        as read once: its home is the candidate within the limit, with room for its worst-case KV
+        beside kvgate's reservations there, taking the most blocks of such prompts, scored by the
+        blocks it would evict elsewhere (its prompt's tokens, as a share of
+        ``prefix_home_full_tokens``). Room counts even with admission off: there nothing else keeps
+        documents from piling onto one replica until it preempts. A prefix no candidate within the
+        limit holds gets no home on a candidate taking more than ``SCAN_WRITER_FACTOR`` x the mean
+        of those blocks. In a fleet that also serves long one-off documents, they then fill as few
+        replicas' caches as the load limit allows (each one taken raises that replica's rate, so it
+        keeps them) and the shared prefixes the others', which turn over more slowly.
         """
+        hashes = request.block_hashes
         key_blocks = self._home_key_blocks
+        key = hashes[key_blocks - 1]
+        longest_blocks = self._index.longest_blocks(hashes)
+        home_score = min(1.0, max(key_blocks, longest_blocks) * BLOCK_SIZE_TOKENS / self._home_full_tokens)
         eligible = [i for i, held in enumerate(matched) if held >= key_blocks and bounded[i]]
-        if not eligible:
-            eligible = [i for i, ok in enumerate(bounded) if ok]
-        home = self._homes.home(hashes[key_blocks - 1], replica_ids, eligible, fleet_size)
-        shared_blocks = max(key_blocks, self._index.longest_blocks(hashes))
-        return home, min(1.0, shared_blocks * BLOCK_SIZE_TOKENS / self._home_full_tokens)
+        if eligible:
+            return self._homes.home(key, replica_ids, eligible, fleet_size), home_score
+        eligible = [i for i, ok in enumerate(bounded) if ok]
+        if self._scan_tokens == 0 or len(eligible) < 2:
+            return self._homes.home(key, replica_ids, eligible, fleet_size), home_score
+        rates = self._writes.rates(replica_ids, now_s)
+        if longest_blocks < key_blocks and request.prompt_tokens >= self._scan_tokens:
+            kv_tokens = request.kv_tokens
+            roomy = [
+                i
+                for i in eligible
+                if candidates[i].kv_capacity_tokens - candidates[i].load.reserved_kv_tokens >= kv_tokens
+            ]
+            if not roomy:
+                return self._homes.home(key, replica_ids, eligible, fleet_size), home_score
+            top = max(rates[i] for i in roomy)
+            writers = [i for i in roomy if rates[i] == top]
+            scan_score = min(1.0, request.prompt_tokens / self._home_full_tokens)
+            return self._homes.home(key, replica_ids, writers, fleet_size), scan_score
+        limit = SCAN_WRITER_FACTOR * sum(rates) / len(rates)
+        quiet = [i for i in eligible if rates[i] <= limit]
+        return self._homes.home(key, replica_ids, quiet or eligible, fleet_size), home_score
 
     def _window(self, request: RoutingRequest, replicas: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
         count = len(replicas)

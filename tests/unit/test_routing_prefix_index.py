@@ -108,3 +108,41 @@ def test_match_each_agrees_with_match_blocks_for_holders_and_strangers() -> None
     )
     assert index.match_each(replicas, []) == [0, 0, 0, 0]
     assert index.longest_blocks(hashes) == 6
+
+
+def test_record_says_how_many_blocks_the_replica_writes() -> None:
+    index = PrefixIndex(capacity_blocks=100)
+    assert index.record("a", chain(1, 6)) == 6
+    assert index.record("a", chain(1, 9)) == 3
+    assert index.record("a", chain(1, 9)) == 0
+
+
+def test_output_blocks_written_elsewhere_turn_a_prefix_over() -> None:
+    """A replica evicts cached prefixes to make room for any new block, output included: after more
+    than a generation (half the capacity) of writes since a prefix was last routed, and another
+    generation after that, it is forgotten even though no other prompt took its place."""
+    index = PrefixIndex(capacity_blocks=100)
+    prefix = chain(1, 4)
+    index.record("a", prefix)
+    index.record("a", chain(2, 1), output_blocks=49)
+    assert index.match_blocks("a", prefix) == 4
+    index.record("a", chain(3, 1), output_blocks=60)
+    assert index.match_blocks("a", prefix) == 0
+    assert index.longest_holders(prefix) == (0, ())
+
+
+def test_a_replica_with_a_smaller_cache_forgets_sooner() -> None:
+    index = PrefixIndex(capacity_blocks=100)
+    for replica_id in ("small", "large"):
+        index.record(replica_id, chain(1, 4), capacity_blocks=20 if replica_id == "small" else 0)
+        for prefix in range(2, 8):
+            index.record(replica_id, chain(prefix, 4), capacity_blocks=20 if replica_id == "small" else 0)
+    assert index.match_blocks("small", chain(1, 4)) == 0
+    assert index.match_blocks("large", chain(1, 4)) == 4
+    assert index.size_blocks("small") <= 20
+
+
+def test_a_cache_larger_than_the_index_bound_counts_as_the_bound() -> None:
+    index = PrefixIndex(capacity_blocks=8)
+    index.record("a", chain(5, 20), capacity_blocks=1_000)
+    assert index.size_blocks("a") == 8
