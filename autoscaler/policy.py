@@ -19,15 +19,22 @@ under its target: a hurried pool's served rates are its ceiling), plus for prefi
 asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
 ``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
 stay under the full mark; resident sequences over per-replica capacity bound decode. The same
-sizing, the KV in use also projected over the cold start at its growth, with
-``scale_in_hysteresis_replicas`` of work added scales the pool in, to the most any
-sample of the window needed, once it has held for ``scale_in_sizing_window_s`` with every latency
-under its scale-out target: the hysteresis is in replicas, as the noise of the rates is, and a pool
-whose long prompts keep TTFT above the idle rule's mark still scales in. Within
+sizing, the KV in use also projected over the cold start at its growth and the served work at
+its fall too (a replica removed is gone at once, one added back serves a cold start later), with a
+hysteresis of twice the noise of that work around its trend over the window, at most
+``scale_in_hysteresis_replicas``, scales the pool in, to the most any sample of the window needed,
+once it has held for ``scale_in_sizing_window_s`` with every latency under its scale-out target: the
+hysteresis is in replicas, as the noise of the rates is, and as wide as the noise measured (a slow
+ramp's steady fall is trend, not noise), and a pool whose long prompts keep TTFT above the idle
+rule's mark still scales in. Within
 ``scale_down_delay_s`` after a step in, the floor is the lowest of the last ``scale_out_window_s``
 of samples: undoing a step in takes the evidence a scale-out conjunction takes, so the fleet turns
 at most once per window; unless the KV in use has grown over ``scale_down_delay_s`` (sessions
-filling the cache), when two samples above the fewer replicas are demand. A change takes effect
+filling the cache), when two samples above the fewer replicas are demand. On a pool within every
+latency target with nothing arriving unserved, a floor from the served rates alone takes two
+samples too: one is as likely a cluster of long requests finishing together. A step in that would
+be the fleet's second turn within ``scale_down_delay_s`` (the step out before it undid a step in)
+waits for the window to pass. A change takes effect
 when the ready replicas reach it (or one cold start later): until then the policy repeats its
 answer instead of asking again (the backlog was sized into the ask), and afterwards every window
 starts over. Pure: time comes from the samples.
@@ -74,6 +81,11 @@ REASONS = (
     MIN_REPLICAS,
     MAX_REPLICAS,
 )
+
+
+NOISE_SPREAD = 2.0
+"""Standard deviations of the sizing window's work around its trend that the scale-in hysteresis
+covers, up to ``scale_in_hysteresis_replicas``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +176,10 @@ class PoolAutoscaler:
         self._sized = math.inf
         """The most replicas a sample of the current sizing window needs with the scale-in
         hysteresis (inf: no capacities): the window's spread is noise the step in must absorb."""
+        self._works: deque[tuple[float, float]] = deque()
+        """(time, replicas' worth of work a step in must carry) over the last
+        ``scale_in_sizing_window_s`` since the last change: their spread around their trend is the
+        noise the scale-in hysteresis absorbs."""
         self._kv_in_use: deque[tuple[float, float]] = deque()
         """(time, replicas' worth of KV in use) over the last ``scale_down_delay_s``, changes
         included: the KV sequences hold does not depend on how many replicas hold it."""
@@ -177,6 +193,8 @@ class PoolAutoscaler:
         """When the last change took effect (ready replicas reached the answer, or a cold start
         passed); None while it is still coming up."""
         self._changed_s = -math.inf
+        self._turned_s = -math.inf
+        """When a change last went the other way from the one before."""
 
     def update(self, s: PoolSignals) -> Recommendation:
         p = self.policy
@@ -186,6 +204,7 @@ class PoolAutoscaler:
         settled = self._settled_s is not None
         base = s.replicas_current if settled or self._desired is None else self._desired
         floor, floor_reason, floor_detail = self._floor(s)
+        previous = self._floors[-1][1] if self._floors else floor
         self._floors.append((now_s, floor))
         while self._floors[0][0] < now_s - p.scale_out_window_s:
             self._floors.popleft()
@@ -195,6 +214,12 @@ class PoolAutoscaler:
             # large contexts coming and going, and undoing the step takes a scale-out window of it.
             floors = list(self._floors)[-2:] if self._kv_growth() > 0 else self._floors
             floor = min(f for _, f in floors)
+        elif floor_reason == SCALE_OUT_TOKEN_RATE and _unhurried(s, p) and self._unserved() == 0:
+            # Served rates alone, on a pool within every latency target with nothing arriving
+            # unserved: one sample above the one before is as likely a cluster of long requests
+            # finishing together as more demand, and waiting one sample for a second costs nothing
+            # the latencies show.
+            floor = min(floor, previous)
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
             f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
@@ -221,6 +246,14 @@ class PoolAutoscaler:
             and base > shrink_to
         ):
             desired, reason = int(shrink_to), SCALE_IN_TOKEN_RATE
+        if (
+            desired < base
+            and self._last_out_s > self._last_in_s
+            and now_s - self._turned_s < p.scale_down_delay_s
+        ):
+            # The last change was a step out that undid a step in: a step in now would turn the
+            # fleet twice within one stabilisation window.
+            desired, reason = base, HOLD_STABILIZING
         if desired > p.max_replicas:
             desired, reason = p.max_replicas, MAX_REPLICAS
         if desired < p.min_replicas or (reason == HOLD and s.replicas_current < desired == p.min_replicas):
@@ -284,7 +317,9 @@ class PoolAutoscaler:
         previous, last = self._rates[-2], self._rates[-1]
         return max(0.0, (last[3] - previous[3]) / (last[0] - previous[0])) if last[0] > previous[0] else 0.0
 
-    def _projected_share(self, s: PoolSignals, backlog_tokens_per_s: float = 0.0) -> float | None:
+    def _projected_share(
+        self, s: PoolSignals, backlog_tokens_per_s: float = 0.0, falling: bool = False
+    ) -> float | None:
         """Replicas' worth of work expected one cold start from now (None with no capacity): the
         served rates, plus what arrives unserved (the output of the waiting requests in the same
         proportion as their prompts), plus ``backlog_tokens_per_s`` of prompt, plus the growth of
@@ -303,7 +338,8 @@ class PoolAutoscaler:
         share = self._share(s, prompt, output)
         if share is None:
             return None
-        return share + max(0.0, self._share_growth(s)) * self.policy.cold_start_s
+        growth = self._share_growth(s)
+        return share + (growth if falling else max(0.0, growth)) * self.policy.cold_start_s
 
     def _share_growth(self, s: PoolSignals) -> float:
         """Replicas' worth of served work gained per second over the growth window's unhurried
@@ -369,11 +405,15 @@ class PoolAutoscaler:
         replicas a step in would remove; over a shorter window a cache that only fluctuates reads
         as growing), with the scale-in hysteresis; inf when no capacity is configured."""
         p = self.policy
-        share = self._projected_share(s)
+        share = self._projected_share(s, falling=True)
         if share is None:
             return math.inf
         work = max(share, self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s)
-        return replicas_for_rate(work + p.scale_in_hysteresis_replicas, 1.0, p.target_utilization_ratio)
+        self._works.append((s.time_s, work))
+        while self._works[0][0] < s.time_s - p.scale_in_sizing_window_s:
+            self._works.popleft()
+        hysteresis = min(p.scale_in_hysteresis_replicas, NOISE_SPREAD * _residual(list(self._works)))
+        return replicas_for_rate(work + hysteresis, 1.0, p.target_utilization_ratio)
 
     def _kv_growth(self) -> float:
         """Replicas' worth of KV in use gained per second over ``scale_down_delay_s`` (0 until the
@@ -390,7 +430,11 @@ class PoolAutoscaler:
             self._changed_s = now_s
             self._settled_s = None
             self._rates.clear()
+            self._works.clear()
             self._shrink_since_s = None
+            moved = max(self._last_out_s, self._last_in_s) > -math.inf
+            if moved and (desired > previous) != (self._last_out_s > self._last_in_s):
+                self._turned_s = now_s
             if desired > previous:
                 self._last_out_s = now_s
             else:
@@ -406,6 +450,19 @@ def _slope(points: list[tuple[float, float]]) -> float:
     mean_v = sum(v for _, v in points) / n
     spread = sum((t - mean_t) ** 2 for t, _ in points)
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread if spread > 0 else 0.0
+
+
+def _residual(points: list[tuple[float, float]]) -> float:
+    """Standard deviation of ``(time, value)`` points around their least-squares line: the noise
+    of a series without its trend (a ramp's steady fall is not noise); inf under three points, too
+    few to tell noise from trend."""
+    n = len(points)
+    if n < 3:
+        return math.inf
+    slope = _slope(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    return math.sqrt(sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in points) / (n - 2))
 
 
 def _fmt(value_s: float | None) -> str:

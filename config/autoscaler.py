@@ -104,12 +104,13 @@ class PoolPolicy(BaseModel):
         default=0.5,
         ge=0,
         description=(
-            "With capacities configured, the pool scales in to ceil((R / C + this) / "
+            "With capacities configured, the pool scales in to ceil((R / C + h) / "
             "target_utilization_ratio), R projected over the cold start, once that is below the current "
-            "count for scale_in_sizing_window_s with latencies under their scale-out targets: the "
-            "hysteresis in replicas' worth of work, the same at one replica as at twenty (a margin in "
-            "utilisation is narrower than the noise of 60 s rates on a small pool and wider than it "
-            "on a large one), replicas. Default 0.5. Example: 1"
+            "count for scale_in_sizing_window_s with latencies under their scale-out targets; h is "
+            "twice the standard deviation of R / C around its trend over that window, at most this: "
+            "the hysteresis in replicas' worth of work, as the noise is (a margin in utilisation is "
+            "narrower than the noise of 60 s rates on a small pool and wider than it on a large one), "
+            "replicas. Default 0.5. Example: 1"
         ),
     )
     scale_in_sizing_window_s: float = Field(

@@ -251,11 +251,12 @@ def test_a_mix_moving_work_from_prompts_to_outputs_is_no_growth() -> None:
     while outputs rise by as much (a quarter of a replica's worth per 15 s sample) keep 3 replicas'
     worth, so 4 replicas (3 / 0.75) stay, where the outputs' rise alone would read as one more
     replica's worth a 60 s cold start ahead (6). The same rise on steady prompts is growth of the
-    pool's work, projected once the samples span half the growth window: 2.5 + 1 -> 5."""
+    pool's work, projected once the samples span half the growth window (2.5 + 1 -> 5) and asked for
+    on the next sample (a calm pool's served rates take two samples): 2.75 + 1 -> 5."""
     p = policy(**SIZED, cold_start_s=60, growth_window_s=60)
     shifting = PoolAutoscaler("chat", p)
     growing = PoolAutoscaler("chat", p)
-    for i in range(3):
+    for i in range(4):
         outputs = 250.0 * i
         shifting_rec = shifting.update(
             sig(i * STEP_S, prompt_tokens_per_s=30000 - 2500.0 * i, output_tokens_per_s=outputs)
@@ -292,13 +293,27 @@ def test_no_sizing_scale_in_while_a_latency_is_above_its_scale_out_target(hurry:
     assert min(r.desired_replicas for r in recs) == 8
 
 
-def test_a_sizing_scale_in_leaves_room_below_the_target_utilization() -> None:
-    """1.5 replicas' worth: 2 at the 0.75 target, 3 with half a replica of hysteresis."""
-    rates = {"prompt_tokens_per_s": 7500.0, "output_tokens_per_s": 750.0}
-    at_three = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=3, **rates, **SERVING)
-    from_eight = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=8, **rates, **SERVING)
-    assert {r.desired_replicas for r in at_three} == {3}
-    assert from_eight[-1].desired_replicas == 3
+def alternating(replicas: int, low: float, high: float, end_s: float = 300) -> list[int]:
+    """Asked-for replicas while the served prompts alternate between ``low`` and ``high`` replicas'
+    worth (SIZED capacities, latencies within target), the replicas following the advice."""
+    scaler = PoolAutoscaler("chat", policy(**SIZED))
+    out = []
+    for i in range(int(end_s // STEP_S) + 1):
+        share = low if i % 2 == 0 else high
+        rec = scaler.update(sig(i * STEP_S, replicas=replicas, prompt_tokens_per_s=share * 10000, **SERVING))
+        replicas = rec.desired_replicas
+        out.append(replicas)
+    return out
+
+
+def test_a_sizing_scale_in_leaves_room_for_the_noise_of_its_window() -> None:
+    """1.5 replicas' worth: 2 at the 0.75 target once the sizing window shows no noise around its
+    trend (3, with half a replica of hysteresis, while under three samples cannot tell noise from
+    trend); the same mean swinging by 0.1 either way keeps 3 (two standard deviations of hysteresis)."""
+    assert alternating(8, 1.5, 1.5)[-1] == 2
+    assert alternating(8, 1.5, 1.5)[4] == 3
+    assert alternating(8, 1.4, 1.6)[-1] == 3
+    assert set(alternating(3, 1.4, 1.6)) == {3}
 
 
 def test_a_pool_bound_by_kv_is_sized_on_the_kv_in_use_and_keeps_the_replicas_holding_it() -> None:
@@ -353,7 +368,8 @@ def test_undoing_a_step_in_takes_a_scale_out_window_of_kv_noise_and_two_samples_
 
 def test_kv_in_use_growing_holds_the_replicas_a_step_in_would_remove() -> None:
     """Token rates fit one replica of eight; TTFT above its scale-out target holds every step in
-    for the first 150 s. Then 2 replicas' worth of KV held flat steps in to ceil(2.5 / 0.75) = 4;
+    for the first 150 s. Then 2 replicas' worth of KV held flat steps in to ceil(2 / 0.75) = 3 (no
+    noise, no hysteresis);
     the same KV rising by 0.01 of a replica a second (its slope over scale_down_delay_s) is 1.2
     more one 120 s cold start ahead and keeps at least 6."""
     rates = {"prompt_tokens_per_s": 1000.0, "output_tokens_per_s": 100.0}
@@ -371,21 +387,18 @@ def test_kv_in_use_growing_holds_the_replicas_a_step_in_would_remove() -> None:
         raise AssertionError("never stepped in")
 
     flat, rising = first_step(0.0), first_step(0.01)
-    assert (flat.desired_replicas, flat.reason) == (4, SCALE_IN_TOKEN_RATE)
+    assert (flat.desired_replicas, flat.reason) == (3, SCALE_IN_TOKEN_RATE)
     assert rising.reason == SCALE_IN_TOKEN_RATE and rising.desired_replicas >= 6
 
 
-def test_the_sizing_scale_in_hysteresis_is_in_replicas_whatever_the_fleet() -> None:
-    """4 replicas' worth steps in to ceil((4 + 0.5) / 0.75) = 6, where a 0.6 utilisation would keep
-    7 (a quarter of the fleet idle); half a replica's worth stays on two, ceil(1 / 0.75), where a
-    0.6 utilisation would step in to one and the next 60 s of noise out again."""
-    rates = {"prompt_tokens_per_s": 20000.0, "output_tokens_per_s": 2000.0}
-    large = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=8, **rates, **SERVING)
-    assert (large[-1].desired_replicas, large[-1].reason) == (6, HOLD)
-    assert SCALE_IN_TOKEN_RATE in {r.reason for r in large}
-    half = {"prompt_tokens_per_s": 5000.0, "output_tokens_per_s": 0.0}
-    two = run(PoolAutoscaler("chat", policy(**SIZED)), 0, 300, replicas=2, **half, **SERVING)
-    assert {r.desired_replicas for r in two} == {2}
+def test_the_sizing_scale_in_hysteresis_is_the_noise_in_replicas_up_to_half_a_replica() -> None:
+    """4 replicas' worth swinging by 0.4 either way: two standard deviations would be a replica's
+    worth, the hysteresis stops at half a replica, ceil((4.4 + 0.5) / 0.75) = 7; half a replica's
+    worth swinging by 0.1 stays on two (ceil((0.6 + 0.26) / 0.75)), held flat it steps in to one,
+    and the next minute has no noise to step out again on."""
+    assert alternating(8, 3.6, 4.4)[-1] == 7
+    assert set(alternating(2, 0.4, 0.6)) == {2}
+    assert alternating(2, 0.5, 0.5)[-1] == 1
 
 
 def test_arrivals_a_saturated_pool_leaves_waiting_count_as_demand_with_the_backlog_they_build() -> None:
@@ -465,3 +478,59 @@ def test_autoscaler_package_is_pure() -> None:
                 names = [node.module]
             for name in names:
                 assert name.split(".")[0] not in forbidden, f"{path} imports {name}"
+
+
+def test_one_sample_of_served_rates_above_the_rest_waits_for_a_second_on_a_calm_pool() -> None:
+    """Four replicas serving 2.25 replicas' worth within every target: one 15 s sample at twice
+    that (a cluster of long requests finishing together) is not demand yet, a second one is
+    (ceil(4.5 / 0.75) = 6); on a pool whose TTFT is above its target the first sample counts."""
+    p = policy(**SIZED, growth_window_s=60)
+    steady, spike = {"prompt_tokens_per_s": 22500.0}, {"prompt_tokens_per_s": 45000.0}
+    once = PoolAutoscaler("chat", p)
+    twice = PoolAutoscaler("chat", p)
+    hurried = PoolAutoscaler("chat", p)
+    for scaler in (once, twice, hurried):
+        assert scaler.update(sig(0, **SERVING, **steady)).desired_replicas == 4
+    assert once.update(sig(STEP_S, **SERVING, **spike)).reason == HOLD
+    assert once.update(sig(2 * STEP_S, **SERVING, **steady)).desired_replicas == 4
+    twice.update(sig(STEP_S, **SERVING, **spike))
+    rec = twice.update(sig(2 * STEP_S, **SERVING, **spike))
+    assert (rec.desired_replicas, rec.reason) == (6, SCALE_OUT_TOKEN_RATE)
+    rec = hurried.update(sig(STEP_S, **{**SERVING, "ttft_p95_s": 2.0}, **spike))
+    assert (rec.desired_replicas, rec.reason) == (6, SCALE_OUT_TOKEN_RATE)
+
+
+def test_a_falling_pool_steps_in_to_its_demand_one_cold_start_ahead() -> None:
+    """Served work falling by 0.1 of a replica each 15 s sample from 6 replicas' worth on ten: a
+    replica removed now is gone at once, one added back serves a 120 s cold start later, so a step
+    in sizes the demand of then, 0.8 replicas' worth below now. From 180 s the sizing window's
+    samples are 4.8 .. 4.4 replicas' worth (ceil(4.8 / 0.75) = 7 as they are), and one cold start
+    ahead 4.0 .. 3.6: the step at 240 s goes to 6 (ceil(4.0 / 0.75)), with the current sample's own
+    need, ceil(4.4 / 0.75)."""
+    scaler = PoolAutoscaler("chat", policy(**SIZED))
+    replicas, changes = 10, []
+    for i in range(40):
+        rec = scaler.update(
+            sig(i * STEP_S, replicas=replicas, prompt_tokens_per_s=(6.0 - 0.1 * i) * 10000, **SERVING)
+        )
+        if rec.desired_replicas != replicas:
+            changes.append((i * STEP_S, rec.desired_replicas, rec.reason))
+        replicas = rec.desired_replicas
+    assert [(t, n) for t, n, _ in changes] == [(60, 9), (135, 8), (240, 6), (360, 5), (465, 4), (585, 3)]
+    assert {reason for _, _, reason in changes} == {SCALE_IN_TOKEN_RATE}
+
+
+def test_a_step_in_right_after_a_step_out_that_undid_one_waits_out_the_stabilisation_window() -> None:
+    """2.25 replicas' worth on four steps in to three; 3 replicas' worth for a scale-out window steps
+    out to four (a turn); back to 2.25 at once, a step in would be the second turn in 300 s: it waits
+    until 300 s after the step out (480 s), then steps in."""
+    scaler = PoolAutoscaler("chat", policy(**SIZED))
+    replicas, changes, reasons = 4, [], set()
+    for i, share in enumerate([2.25] * 8 + [3.0] * 8 + [2.25] * 30):
+        rec = scaler.update(sig(i * STEP_S, replicas=replicas, prompt_tokens_per_s=share * 10000, **SERVING))
+        if rec.desired_replicas != replicas:
+            changes.append((i * STEP_S, rec.desired_replicas))
+        reasons.add(rec.reason)
+        replicas = rec.desired_replicas
+    assert changes == [(90, 3), (180, 4), (480, 3)]
+    assert HOLD_STABILIZING in reasons
