@@ -34,7 +34,11 @@ async def test_a_prefix_goes_to_the_same_replica_through_either_gateway(
         config = gateway_config(fleet.urls, routing={"warmup_s": 0}, coordination=coordination)
         async with contextlib.AsyncExitStack() as stack:
             gateways = [await stack.enter_async_context(running_gateway(config)) for _ in range(2)]
-            for gw in gateways:  # a replica a gateway holds no claim on yet is not a candidate there
+            for gw in gateways:  # a replica is a candidate once probed healthy and scraped ...
+                assert await eventually(
+                    lambda s=gw.state: all(r.healthy and r.scraped is not None for r in s.replicas.values())
+                ), gw.state.replicas
+                # ... and once the gateway holds a claim on it
                 coordinator = gw.gateway.coordinator
                 assert coordinator is not None
                 assert await eventually(
