@@ -14,10 +14,11 @@ rotating order, the same bytes to each.
 
 Printed per target: goodput (requests meeting both SLOs: TTFT, and mean inter-token gap), p95 TTFT,
 p95 inter-token gap, the fleet's prefix-cache hit rate and preemptions over the run (the replicas'
-own ``vllm:prefix_cache_*`` and ``vllm:num_preemptions`` counters), ratios against round-robin,
-whether the simulator lagged (``kvgate_sim_lag_ratio``, the worst replica) and whether the generator
-kept its schedule and was CPU-bound (the runner's own report). A PNG shows goodput, hit rate and the
-TTFT CDFs. Not a test.
+own ``vllm:prefix_cache_*`` and ``vllm:num_preemptions`` counters; beside the hit rate, ``hit 1st``
+counts each request's first schedule only, leaving out the re-prefills after preemption), ratios
+against round-robin, whether the simulator lagged (``kvgate_sim_lag_ratio``, the worst replica)
+and whether the generator kept its schedule and was CPU-bound (the runner's own report). A PNG shows
+goodput, hit rate and the TTFT CDFs. Not a test.
 
     python -m loadtest.bench_goodput [--replicas 4] [--rate 16] [--duration-s 36] [--slices 3]
         [--peers all|none|NAME,...] [--peer-bin-dir DIR]
@@ -91,6 +92,8 @@ def workload(rate_rps: float, duration_s: float, slo_ttft_s: float, slo_itl_s: f
 class FleetCounters:
     prefix_hits_tokens: float
     prefix_queries_tokens: float
+    first_schedule_hits_tokens: float
+    first_schedule_queries_tokens: float
     preemptions: float
     lag_ratio: float
     """The worst replica's ``kvgate_sim_lag_ratio`` (cumulative lag over busy time)."""
@@ -109,6 +112,10 @@ class PolicyRun:
     prompt, scheduled again, queries (and hits) a second time, so this and the hit rate count it."""
     prefilled_tokens: float = 0.0
     """Prompt tokens the replicas computed (queries less hits), re-prefills after preemption included."""
+    first_schedule_hit_ratio: float = 0.0
+    """The hit rate over each request's first schedule only (``kvgate_sim_first_schedule_prefix_*``):
+    what routing found cached for the prompts it placed, without the preempted prompts that, scheduled
+    again, find their own blocks."""
 
 
 async def serve_fleet(
@@ -242,7 +249,7 @@ def installed_peers(args: argparse.Namespace) -> list[tuple[peers.Peer, str]]:
 
 
 async def fleet_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> FleetCounters:
-    hits = queries = preemptions = lag = 0.0
+    hits = queries = first_hits = first_queries = preemptions = lag = 0.0
     for url in urls:
         async with session.get(url + "/metrics") as response:
             text = await response.text()
@@ -252,11 +259,15 @@ async def fleet_counters(session: aiohttp.ClientSession, urls: Sequence[str]) ->
                     hits += sample.value
                 elif sample.name == "vllm:prefix_cache_queries_total":
                     queries += sample.value
+                elif sample.name == "kvgate_sim_first_schedule_prefix_hits_total":
+                    first_hits += sample.value
+                elif sample.name == "kvgate_sim_first_schedule_prefix_queries_total":
+                    first_queries += sample.value
                 elif sample.name == "vllm:num_preemptions_total":
                     preemptions += sample.value
                 elif sample.name == "kvgate_sim_lag_ratio":
                     lag = max(lag, sample.value)
-    return FleetCounters(hits, queries, preemptions, lag)
+    return FleetCounters(hits, queries, first_hits, first_queries, preemptions, lag)
 
 
 def _fmt(value: float | None, scale: float = 1.0, digits: int = 3) -> str:
@@ -309,8 +320,8 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
     print(
         f"\nSLO: TTFT <= {slo.ttft_s:g} s and mean inter-token gap <= {slo.itl_s * 1000:g} ms\n"
         f"{'target':<18} {'requests':>8} {'ok':>5} {'429':>5} {'goodput':>8} {'good %':>7} {'good/s':>7} "
-        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'saved M':>7} "
-        f"{'prefill M':>9} {'preempt':>7} {'sim lag':>8}"
+        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'hit 1st':>7} "
+        f"{'saved M':>7} {'prefill M':>9} {'preempt':>7} {'sim lag':>8}"
     )
     for run in runs:
         s = run.summary
@@ -318,7 +329,8 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
             f"{run.policy:<18} {s.requests:>8} {s.ok:>5} {s.rejects:>5} {s.goodput_requests:>8} "
             f"{100 * s.goodput_ratio:>6.1f}% {s.goodput_rps:>7.2f} {_fmt(s.ttft_p50_s):>9} "
             f"{_fmt(s.ttft_p95_s):>9} {_fmt(s.itl_p95_s, 1000, 1):>10} {run.hit_ratio:>10.3f} "
-            f"{run.hit_tokens / 1e6:>7.3f} {run.prefilled_tokens / 1e6:>9.3f} "
+            f"{run.first_schedule_hit_ratio:>7.3f} {run.hit_tokens / 1e6:>7.3f} "
+            f"{run.prefilled_tokens / 1e6:>9.3f} "
             f"{run.preemptions:>7} {run.lag_ratio:>8.3f}"
         )
     base = next((run for run in runs if run.policy == BASELINE), runs[0])
@@ -331,7 +343,8 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
         print(
             f"  {run.policy:<18} goodput {_ratio(table[run.policy]['goodput'], 1.0)}, "
             f"ttft p95 {_ratio(s.ttft_p95_s, b.ttft_p95_s)}, itl p95 {_ratio(s.itl_p95_s, b.itl_p95_s)}, "
-            f"prefix hit rate {_ratio(run.hit_ratio, base.hit_ratio)}"
+            f"prefix hit rate {_ratio(run.hit_ratio, base.hit_ratio)} "
+            f"(first schedules {_ratio(run.first_schedule_hit_ratio, base.first_schedule_hit_ratio)})"
         )
     print()
     for run in runs:
@@ -429,9 +442,20 @@ async def bench(args: argparse.Namespace) -> None:
         hits = after[policy].prefix_hits_tokens - before[policy].prefix_hits_tokens
         preemptions = int(after[policy].preemptions - before[policy].preemptions)
         hit_ratio = hits / queries if queries else 0.0
+        first = after[policy].first_schedule_hits_tokens, after[policy].first_schedule_queries_tokens
+        first_hits = first[0] - before[policy].first_schedule_hits_tokens
+        first_queries = first[1] - before[policy].first_schedule_queries_tokens
         runs.append(
             PolicyRun(
-                policy, summary, result, hit_ratio, preemptions, after[policy].lag_ratio, hits, queries - hits
+                policy,
+                summary,
+                result,
+                hit_ratio,
+                preemptions,
+                after[policy].lag_ratio,
+                hits,
+                queries - hits,
+                first_hits / first_queries if first_queries else 0.0,
             )
         )
     print_table(runs, slo)

@@ -213,6 +213,8 @@ class Engine:
             self.stats.prefix_cache_hits_tokens += num_cached
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now_s
+                self.stats.first_schedule_queries_tokens += request.num_tokens
+                self.stats.first_schedule_hits_tokens += num_cached
                 self.stats.queue_s.observe(now_s - request.arrival_s)
             self._running.append(request)
             scheduled.append((request, num_new))

@@ -91,6 +91,16 @@ def render_metrics(
         stats.prefix_cache_hits_tokens,
         "Prefix cache hits, in terms of number of cached tokens.",
     )
+    counter(
+        "kvgate_sim_first_schedule_prefix_queries",
+        stats.first_schedule_queries_tokens,
+        "Prefix cache queries in tokens, each request's first schedule only (not again after preemption).",
+    )
+    counter(
+        "kvgate_sim_first_schedule_prefix_hits",
+        stats.first_schedule_hits_tokens,
+        "Prefix cache hits in tokens, each request's first schedule only (not again after preemption).",
+    )
     counter("vllm:prompt_tokens", stats.prompt_tokens, "Number of prefill tokens processed.")
     counter("vllm:generation_tokens", stats.generation_tokens, "Number of generation tokens processed.")
     family("vllm:request_success_total", "counter", "Count of successfully processed requests.")

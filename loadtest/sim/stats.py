@@ -51,6 +51,10 @@ class EngineStats:
     num_preemptions: int = 0
     prefix_cache_queries_tokens: int = 0
     prefix_cache_hits_tokens: int = 0
+    first_schedule_queries_tokens: int = 0
+    """As ``prefix_cache_queries_tokens``, each request's first schedule only: a preempted request's
+    prompt, scheduled again, finds its own blocks cached and counts a second time above, not here."""
+    first_schedule_hits_tokens: int = 0
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_steps: int = 0

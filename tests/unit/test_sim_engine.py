@@ -118,6 +118,18 @@ def test_overcommitted_kv_preempts_and_fills_the_cache() -> None:
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+def test_first_schedule_counters_leave_out_the_prefill_again_after_preemption() -> None:
+    engine = _engine(kv_capacity_tokens=2048, max_num_seqs=16)
+    for i in range(8):
+        engine.add_request(f"r{i}", _tokens(i * 1000, 200), 300, 0.0, ignore_eos=True)
+    _run(engine)
+    stats = engine.stats
+    assert stats.num_preemptions > 0
+    assert stats.first_schedule_queries_tokens == 8 * 200
+    assert stats.first_schedule_hits_tokens == 0
+    assert stats.prefix_cache_queries_tokens > stats.first_schedule_queries_tokens
+
+
 def test_chunked_prefill_respects_the_token_budget() -> None:
     engine = _engine(max_num_batched_tokens=2048)
     request = engine.add_request("long", _tokens(0, 10_000), 5, 0.0)
