@@ -155,7 +155,11 @@ class Dispatcher:
             return decision
         if isinstance(decision, Admit):
             hold_until_s = self.router.hold_until_s(now_s)
-            route = self._place(request, decision.candidates, now_s, hold_until_s=hold_until_s)
+            # Every candidate has room: admission's ``fits_sharing`` over this snapshot, the same
+            # check the router's room filter would repeat.
+            route = self._place(
+                request, decision.candidates, now_s, hold_until_s=hold_until_s, room_checked=True
+            )
             if isinstance(route, Route):
                 self._metrics.count_admitted(pool, model, "fits", 0.0)
                 return route
@@ -272,14 +276,24 @@ class Dispatcher:
         now_s: float,
         check_room: bool = True,
         hold_until_s: float = float("-inf"),
+        room_checked: bool = False,
     ) -> Route | str:
-        """Route and reserve, or the router's reason for no replica."""
+        """Route and reserve, or the router's reason for no replica. ``room_checked``: admission
+        has just found room on every candidate, so the router's room filter is not asked again
+        (its sequence slots still count a replica's load under the guard)."""
         assert request.routing is not None and request.admission is not None
         ledger = self._state.ledger
         routing = request.routing
         slots = self.controller.max_active if check_room else own_slots
         choice = self.router.choose(
-            routing, candidates, now_s, request.tried, check_room, hold_until_s, ledger, slots
+            routing,
+            candidates,
+            now_s,
+            request.tried,
+            check_room and not room_checked,
+            hold_until_s,
+            ledger,
+            slots,
         )
         if choice.replica_id is None:
             return choice.reason
