@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +41,7 @@ from gateway.errors import (
     ServiceUnavailable,
     refusal_error,
 )
-from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
+from gateway.forwarding import REQUEST_ID_HEADER, new_request_id, scan_headers, upstream_headers
 from gateway.handoff import Handoff
 from gateway.http_protocol import REQUEST_EDGE, RequestEdge, send_whole
 from gateway.relay import Relay
@@ -101,7 +100,7 @@ class Proxy:
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started_s = self._clock()
-        request_id = os.urandom(16).hex()
+        request_id = new_request_id()
         x_request_id, content_length, forward = scan_headers(scope["headers"])
         x_request_id = x_request_id or request_id
         extensions = scope.get("extensions")
@@ -122,11 +121,15 @@ class Proxy:
                 self._done(unread)
             return
         request.started_s = started_s
-        task = asyncio.current_task()
-        assert task is not None
+        task = None
         watcher = None
         if edge is not None:
             request.edge = edge
+            task, edge.task = edge.task, None  # handed over: the edge holds it no longer
+        if task is None:
+            task = asyncio.current_task()
+            assert task is not None
+        if edge is not None:
             edge.watch(functools.partial(_on_disconnect, request, task))
         else:
             watcher = asyncio.ensure_future(receive())
