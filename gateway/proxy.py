@@ -44,6 +44,7 @@ from gateway.errors import (
 from gateway.forwarding import REQUEST_ID_HEADER, new_request_id, scan_headers, upstream_headers
 from gateway.handoff import Handoff
 from gateway.http_protocol import REQUEST_EDGE, RequestEdge, send_whole
+from gateway.pricing import Uncounted
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
@@ -156,7 +157,9 @@ class Proxy:
 
     async def _serve(self, request: ProxyRequest, send: Send) -> None:
         request.arrived_s = self._clock()
-        refusal = await self._pricer.price(request)
+        refusal = self._pricer.price_now(request)
+        if isinstance(refusal, Uncounted):
+            refusal = await self._pricer.count(request, refusal)
         outcome = refusal if refusal is not None else await self._dispatcher.admit(request)
         if isinstance(outcome, Refusal):
             await self._refuse(send, request, refusal_error(outcome))
