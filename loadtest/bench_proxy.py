@@ -522,9 +522,12 @@ def _ready_path() -> DecisionPath:
 async def _admitted(path: DecisionPath, request: ProxyRequest) -> Route:
     """``request`` priced, admitted and routed, as ``Proxy._serve`` does before relaying it."""
     from gateway.dispatcher import Route
+    from gateway.pricing import Uncounted
 
     request.arrived_s = path.clock()
-    refusal = await path.pricer.price(request)
+    refusal = path.pricer.price_now(request)
+    if isinstance(refusal, Uncounted):
+        refusal = await path.pricer.count(request, refusal)
     route = refusal if refusal is not None else await path.dispatcher.admit(request)
     assert isinstance(route, Route), route
     return route
