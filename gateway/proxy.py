@@ -160,7 +160,9 @@ class Proxy:
         refusal = self._pricer.price_now(request)
         if isinstance(refusal, Uncounted):
             refusal = await self._pricer.count(request, refusal)
-        outcome = refusal if refusal is not None else await self._dispatcher.admit(request)
+        outcome = refusal if refusal is not None else self._dispatcher.admit_now(request)
+        if not isinstance(outcome, (Route, Refusal)):
+            outcome = await outcome
         if isinstance(outcome, Refusal):
             await self._refuse(send, request, refusal_error(outcome))
             return

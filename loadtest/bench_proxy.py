@@ -521,6 +521,7 @@ def _ready_path() -> DecisionPath:
 
 async def _admitted(path: DecisionPath, request: ProxyRequest) -> Route:
     """``request`` priced, admitted and routed, as ``Proxy._serve`` does before relaying it."""
+    from admission.decision import Refusal
     from gateway.dispatcher import Route
     from gateway.pricing import Uncounted
 
@@ -528,7 +529,9 @@ async def _admitted(path: DecisionPath, request: ProxyRequest) -> Route:
     refusal = path.pricer.price_now(request)
     if isinstance(refusal, Uncounted):
         refusal = await path.pricer.count(request, refusal)
-    route = refusal if refusal is not None else await path.dispatcher.admit(request)
+    route = refusal if refusal is not None else path.dispatcher.admit_now(request)
+    if not isinstance(route, (Route, Refusal)):
+        route = await route
     assert isinstance(route, Route), route
     return route
 
