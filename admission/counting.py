@@ -49,7 +49,9 @@ def prompt_of(body: Mapping[str, Any], template: ChatTemplate) -> str | list[int
     A batch of prompts (``batch_of``) is counted one prompt at a time, each given as its own body."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        return template.render([m for m in messages if isinstance(m, Mapping)])
+        # ``type(m) is dict`` first: a parsed body's messages are dicts, and asking the ``Mapping``
+        # ABC costs a Python-level ``__instancecheck__`` per message.
+        return template.render([m for m in messages if type(m) is dict or isinstance(m, Mapping)])
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
         return list(prompt)

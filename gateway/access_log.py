@@ -8,12 +8,14 @@ wait, time to first token, duration, status, reason and retries. It never holds 
 body or a replica address, so no credential or prompt can reach it.
 
 Sampling keeps ``sample_ratio`` of the successes; a refusal, an error and a request that ended with
-a reason (the client left, the replica failed after the first byte) are always written. structlog
-renders the line (orjson for json, with the time in seconds since the epoch; logfmt for text, with
-an ISO 8601 time). The lines of one event-loop turn are written together, with one ``write`` call,
-flushed, at the end of that turn (``call_soon``) and at the gateway's stop: whole lines, never
-interleaved, and one system call for the requests that ended together rather than one each. A
-process killed outright loses at most the lines of the turn it was in.
+a reason (the client left, the replica failed after the first byte) are always written. A json line
+is orjson's serialisation of the fields with the time in seconds since the epoch last: the bytes
+structlog's ``TimeStamper(fmt=None)`` and ``JSONRenderer(serializer=orjson.dumps)`` write, without
+two processor calls per line; structlog renders text (logfmt, with an ISO 8601 time). The lines
+of one event-loop turn are written together, with one ``write`` call, flushed, at the end of that
+turn (``call_soon``) and at the gateway's stop: whole lines, never interleaved, and one system call
+for the requests that ended together rather than one each. A process killed outright loses at most
+the lines of the turn it was in.
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 import structlog
-from structlog.typing import EventDict
 
 from config.schema import AccessLog as AccessLogConfig
 from gateway.errors import (
@@ -80,18 +82,15 @@ def outcome(request: ProxyRequest) -> tuple[int, str | None]:
 
 
 class AccessLog:
-    """structlog's processors, called directly: a bound logger (context binding, level filtering,
-    neither of use to a line that is always the same event) about doubled the cost of a line
-    (docs/proxy-report.md; ``python -m loadtest.bench_proxy --access-log N``)."""
+    """No bound logger: its context binding and level filtering, neither of use to a line that is
+    always the same event, about doubled the cost of a line (docs/proxy-report.md;
+    ``python -m loadtest.bench_proxy --access-log N``). A json line is written by orjson alone,
+    a text line by structlog's processors called directly."""
 
     def __init__(self, config: AccessLogConfig, pool_of: Callable[[str], str]) -> None:
-        self._render: Callable[[Any, str, EventDict], str | bytes]
-        if config.format == "json":
-            self._stamp = structlog.processors.TimeStamper(fmt=None)
-            self._render = structlog.processors.JSONRenderer(serializer=orjson.dumps)
-        else:
-            self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
-            self._render = structlog.processors.LogfmtRenderer(key_order=_TEXT_ORDER, bool_as_flag=False)
+        self._json = config.format == "json"
+        self._stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+        self._render = structlog.processors.LogfmtRenderer(key_order=_TEXT_ORDER, bool_as_flag=False)
         self._file = sys.stderr.buffer
         self._pending: list[bytes] = []
         """Lines of this event-loop turn, each with its newline, not yet written."""
@@ -128,9 +127,12 @@ class AccessLog:
             "reason": reason,
             "retries": retries(request),
         }
-        line = self._render(None, "info", self._stamp(None, "info", event))
         pending = self._pending
-        pending.append((line if isinstance(line, bytes) else line.encode()) + b"\n")
+        if self._json:
+            event["timestamp"] = time.time()
+            pending.append(orjson.dumps(event, option=orjson.OPT_APPEND_NEWLINE))
+        else:
+            pending.append(self._render(None, "info", self._stamp(None, "info", event)).encode() + b"\n")
         if len(pending) == 1:
             try:
                 asyncio.get_running_loop().call_soon(self.flush)

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 from admission import refusals
 from admission.controller import AdmissionController
-from admission.decision import Admit, Dispatch, Queue, Refusal, RefusalReason
+from admission.decision import Admit, Decision, Dispatch, Queue, Refusal, RefusalReason
 from admission.disaggregation import prefill_cost
 from admission.pump import AdmissionPump, Placement
 from config.schema import GatewayConfig
@@ -46,6 +47,8 @@ class Route:
 
 
 QueuedWaiter = tuple[ProxyRequest, "asyncio.Future[Route | Refusal]"]
+Waiting = Coroutine[Any, Any, "Route | Refusal"]
+"""``Dispatcher.admit_now``'s answer for a request that must wait for its route or refusal."""
 
 
 def _never_refused(now_s: float) -> Refusal | None:
@@ -110,6 +113,13 @@ class Dispatcher:
         return [request for request, _ in self._pump.waiters()]
 
     async def admit(self, request: ProxyRequest) -> Route | Refusal:
+        outcome = self.admit_now(request)
+        return outcome if isinstance(outcome, (Route, Refusal)) else await outcome
+
+    def admit_now(self, request: ProxyRequest) -> Route | Refusal | Waiting:
+        """``admit`` as a plain call: the route or the refusal when the answer is known at once (the
+        common case, with no coroutine), otherwise the coroutine that waits for it (queued, or
+        topping up this gateway's claims first), to be awaited at once."""
         assert request.admission is not None, "priced before admitted"
         now_s = self._clock()
         self.retry_budget.record_request(now_s)
@@ -130,20 +140,34 @@ class Dispatcher:
                     self._metrics.count_decision("reject", room.reason.value, pool=pool, model=model)
                     return room
         decision = self.controller.admit(request.admission, snapshot)
-        topped_up = False
         if (
             isinstance(decision, Refusal)
             and self.top_up is not None
             and model not in self._disaggregated
             and _unforeseeable(decision)
         ):
-            # Nothing this gateway holds frees room for it (its claims are too small), yet the
-            # fleet may have the room: ask Redis for it now rather than tell the client not to retry.
-            cost = request.admission.cost
-            topped_up = True
-            if await self.top_up(cost.kv_tokens, cost.sequences):
-                now_s = self._clock()
-                decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
+            return self._topped_up(request, decision, now_s, pool)
+        return self._decided(request, decision, now_s, pool, topped_up=False)
+
+    async def _topped_up(
+        self, request: ProxyRequest, decision: Decision, now_s: float, pool: str
+    ) -> Route | Refusal:
+        """Nothing this gateway holds frees room for the request (its claims are too small), yet
+        the fleet may have the room: ask Redis for it now rather than tell the client not to retry."""
+        assert request.admission is not None and self.top_up is not None
+        cost = request.admission.cost
+        if await self.top_up(cost.kv_tokens, cost.sequences):
+            now_s = self._clock()
+            decision = self.controller.admit(request.admission, self._fleet.snapshot(now_s))
+        outcome = self._decided(request, decision, now_s, pool, topped_up=True)
+        return outcome if isinstance(outcome, (Route, Refusal)) else await outcome
+
+    def _decided(
+        self, request: ProxyRequest, decision: Decision, now_s: float, pool: str, topped_up: bool
+    ) -> Route | Refusal | Waiting:
+        """Act on admission's ``decision``: route and reserve, refuse, or wait in the queue."""
+        assert request.admission is not None
+        model = request.model
         if isinstance(decision, Refusal):
             self._metrics.count_decision("reject", decision.reason.value, pool=pool, model=model)
             if (
@@ -155,20 +179,24 @@ class Dispatcher:
             return decision
         if isinstance(decision, Admit):
             hold_until_s = self.router.hold_until_s(now_s)
-            route = self._place(request, decision.candidates, now_s, hold_until_s=hold_until_s)
+            # Every candidate has room: admission's ``fits_sharing`` over this snapshot, the same
+            # check the router's room filter would repeat.
+            route = self._place(
+                request, decision.candidates, now_s, hold_until_s=hold_until_s, room_checked=True
+            )
             if isinstance(route, Route):
                 self._metrics.count_admitted(pool, model, "fits", 0.0)
                 return route
             if route == PREFIX_HOLDER_FULL:
                 self._metrics.count_decision("queue", route, pool=pool, model=model)
-                return await self._wait(request, self.controller.defer(request.admission, now_s), now_s)
+                return self._wait(request, self.controller.defer(request.admission, now_s), now_s)
             self.controller.unadmit(request.admission)
             self._metrics.count_decision("reject", "no_replica", pool=pool, model=model)
             message = f"No replica serving '{model}' can take the request now."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
         self._metrics.count_decision("queue", "kv_capacity", pool=pool, model=model)
         self.on_unmet(0, 0)
-        return await self._wait(request, decision, now_s)
+        return self._wait(request, decision, now_s)
 
     def _phase(self, request: ProxyRequest, snapshot: FleetSnapshot) -> FleetSnapshot:
         """For a model served both ways, whether this request goes through the pair: every
@@ -272,14 +300,24 @@ class Dispatcher:
         now_s: float,
         check_room: bool = True,
         hold_until_s: float = float("-inf"),
+        room_checked: bool = False,
     ) -> Route | str:
-        """Route and reserve, or the router's reason for no replica."""
+        """Route and reserve, or the router's reason for no replica. ``room_checked``: admission
+        has just found room on every candidate, so the router's room filter is not asked again
+        (its sequence slots still count a replica's load under the guard)."""
         assert request.routing is not None and request.admission is not None
         ledger = self._state.ledger
         routing = request.routing
         slots = self.controller.max_active if check_room else own_slots
         choice = self.router.choose(
-            routing, candidates, now_s, request.tried, check_room, hold_until_s, ledger, slots
+            routing,
+            candidates,
+            now_s,
+            request.tried,
+            check_room and not room_checked,
+            hold_until_s,
+            ledger,
+            slots,
         )
         if choice.replica_id is None:
             return choice.reason

@@ -110,13 +110,17 @@ class RequestEdge:
     It holds its request's cycle weakly: the cycle holds the scope that holds this, and a strong
     reference would leave every request's cycle to the garbage collector."""
 
-    __slots__ = ("_cycle", "_flow", "_protocol", "_write")
+    __slots__ = ("_cycle", "_flow", "_protocol", "_write", "task")
 
     def __init__(self, protocol: EdgeProtocol, cycle: RequestResponseCycle) -> None:
         self._protocol = protocol
         self._cycle = weakref.ref(cycle)
         self._flow = cycle.flow
         self._write = cycle.transport.write
+        self.task: asyncio.Task[None] | None = None
+        """The task serving the request, when the edge started it (a completion route's ``POST``
+        from the parser), until the route takes it; None under uvicorn's own dispatch
+        (``asyncio.current_task()`` there)."""
 
     def writable(self) -> bool:
         cycle = self._cycle()
@@ -485,8 +489,9 @@ class EdgeProtocol(HttpToolsProtocol):
             on_response=self.on_response_complete,
         )
         self.scope = scope  # type: ignore[assignment]
-        scope["extensions"] = {REQUEST_EDGE: {"edge": RequestEdge(self, cycle)}}
-        task = self.loop.create_task(cycle.run_asgi(app))  # type: ignore[arg-type]
+        edge = RequestEdge(self, cycle)
+        scope["extensions"] = {REQUEST_EDGE: {"edge": edge}}
+        task = edge.task = self.loop.create_task(cycle.run_asgi(app))  # type: ignore[arg-type]
         task.add_done_callback(self.tasks.discard)
         self.tasks.add(task)
 

@@ -7,24 +7,28 @@ and estimates the cost, all from the one parsed body. What admission and routing
 request as two values computed here and nowhere else: ``request.admission`` (tenant, cost, the
 client's deadline, its retry count) and ``request.routing`` (model, tokens, prefix block hashes). A
 request that cannot be priced gets a ``Refusal``: 401 for an unknown key, 400 for invalid fields or
-a request over the context, 503 when a replica could not count its prompt.
+a request over the context, 503 when a replica could not count its prompt. ``Pricer.price_now``
+prices as a plain call, with no coroutine, when the prompt is counted on the event loop (a local
+tokeniser and a small body: the common case); otherwise it answers ``Uncounted`` and the proxy
+awaits ``Pricer.count``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from admission import refusals
-from admission.cost import InvalidRequest, capped_body, estimate_cost, requested_work
+from admission.cost import InvalidRequest, Requested, capped_body, estimate_cost, requested_work
 from admission.counting import batch_of
 from admission.deadline import client_timeout_s
 from admission.decision import AdmissionRequest, Refusal, RefusalReason
 from admission.promises import request_key, retry_count
-from admission.tenants import TenantDirectory, bearer_key
+from admission.tenants import Tenant, TenantDirectory, bearer_key
 from config.schema import GatewayConfig
 from gateway.forwarding import forwarded_body
 from gateway.prompt import PromptEncoder, PromptTokens
@@ -37,6 +41,17 @@ _IDEMPOTENCY_KEY = b"idempotency-key"
 CHAT_PATH = "/v1/chat/completions"
 
 
+@dataclass(slots=True)
+class Uncounted:
+    """A request priced but for its prompt's tokens, which are counted off the event loop or by a
+    replica of its model (``Pricer.count``)."""
+
+    tenant: Tenant
+    chat: bool
+    batch: list[str] | list[list[int]] | None
+    work: Requested
+
+
 class Pricer:
     def __init__(self, state: GatewayState, config: GatewayConfig, tenants: TenantDirectory) -> None:
         self._state = state
@@ -47,6 +62,15 @@ class Pricer:
         """For counting by a replica's ``/tokenize``; set when the gateway starts."""
 
     async def price(self, request: ProxyRequest) -> Refusal | None:
+        priced = self.price_now(request)
+        if isinstance(priced, Uncounted):
+            return await self.count(request, priced)
+        return priced
+
+    def price_now(self, request: ProxyRequest) -> Refusal | Uncounted | None:
+        """``price``, as a plain call when the prompt is counted here on the event loop (no coroutine
+        per request); ``Uncounted`` when it must be counted off the loop or by a replica
+        (``await count(request, uncounted)``)."""
         tenant = self._tenants.identify(_bearer_key(request.headers))
         if tenant is None:
             return Refusal(401, RefusalReason.UNAUTHORIZED, "Incorrect API key provided.")
@@ -56,6 +80,16 @@ class Pricer:
         work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)
         if isinstance(work, InvalidRequest):
             return _invalid(work)
+        if batch is not None:
+            return Uncounted(tenant, chat, batch, work)
+        prompt = self.encoder.encode_inline(request.model, request.body, len(request.raw_body))
+        if prompt is None:
+            return Uncounted(tenant, chat, batch, work)
+        return self._priced(request, tenant, chat, work, prompt, prompt.count)
+
+    async def count(self, request: ProxyRequest, uncounted: Uncounted) -> Refusal | None:
+        """Price a request whose prompt ``price_now`` could not count on the event loop."""
+        batch = uncounted.batch
         try:
             if batch is None:
                 prompt = await self._encode(request, request.body, len(request.raw_body))
@@ -72,6 +106,18 @@ class Pricer:
             log.warning("counting a prompt with a replica of %s failed: %r", request.model, exc)
             message = f"Cannot count the prompt's tokens with a replica of '{request.model}'."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
+        return self._priced(request, uncounted.tenant, uncounted.chat, uncounted.work, prompt, prompt_tokens)
+
+    def _priced(
+        self,
+        request: ProxyRequest,
+        tenant: Tenant,
+        chat: bool,
+        work: Requested,
+        prompt: PromptTokens,
+        prompt_tokens: int | list[int],
+    ) -> Refusal | None:
+        """The request's cost from its counted prompt, and the two values set on it."""
         cost = estimate_cost(
             request.model,
             prompt_tokens,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
@@ -42,9 +41,10 @@ from gateway.errors import (
     ServiceUnavailable,
     refusal_error,
 )
-from gateway.forwarding import REQUEST_ID_HEADER, scan_headers, upstream_headers
+from gateway.forwarding import REQUEST_ID_HEADER, new_request_id, scan_headers, upstream_headers
 from gateway.handoff import Handoff
 from gateway.http_protocol import REQUEST_EDGE, RequestEdge, send_whole
+from gateway.pricing import Uncounted
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
 from gateway.state import GatewayState, ProxyRequest
@@ -101,7 +101,7 @@ class Proxy:
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         started_s = self._clock()
-        request_id = os.urandom(16).hex()
+        request_id = new_request_id()
         x_request_id, content_length, forward = scan_headers(scope["headers"])
         x_request_id = x_request_id or request_id
         extensions = scope.get("extensions")
@@ -122,11 +122,15 @@ class Proxy:
                 self._done(unread)
             return
         request.started_s = started_s
-        task = asyncio.current_task()
-        assert task is not None
+        task = None
         watcher = None
         if edge is not None:
             request.edge = edge
+            task, edge.task = edge.task, None  # handed over: the edge holds it no longer
+        if task is None:
+            task = asyncio.current_task()
+            assert task is not None
+        if edge is not None:
             edge.watch(functools.partial(_on_disconnect, request, task))
         else:
             watcher = asyncio.ensure_future(receive())
@@ -153,8 +157,12 @@ class Proxy:
 
     async def _serve(self, request: ProxyRequest, send: Send) -> None:
         request.arrived_s = self._clock()
-        refusal = await self._pricer.price(request)
-        outcome = refusal if refusal is not None else await self._dispatcher.admit(request)
+        refusal = self._pricer.price_now(request)
+        if isinstance(refusal, Uncounted):
+            refusal = await self._pricer.count(request, refusal)
+        outcome = refusal if refusal is not None else self._dispatcher.admit_now(request)
+        if not isinstance(outcome, (Route, Refusal)):
+            outcome = await outcome
         if isinstance(outcome, Refusal):
             await self._refuse(send, request, refusal_error(outcome))
             return

@@ -103,7 +103,8 @@ class Relay:
                 )
             headers = relay_headers(response.headers, request.x_request_id, self._not_relayed)
             if not request.stream or status != 200:
-                body = await response.read()
+                whole = response.body_now()
+                body = await response.read() if whole is None else whole
                 if status == 200:
                     now_s = self._clock()
                     accounting.first_token(request, replica, now_s)
@@ -111,7 +112,9 @@ class Relay:
                 request.response_started = True
                 self._metrics.count_relayed(status)
                 request.status = status
-                await send_whole(send, request.edge, status, headers, body)
+                edge = request.edge
+                if edge is None or not edge.respond(status, headers, body):
+                    await send_whole(send, None, status, headers, body)
                 if status == 200:
                     fleet.observe(replica, status)
                     accounting.finished(request, replica, None, self._clock())

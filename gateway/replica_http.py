@@ -346,6 +346,14 @@ class ReplicaResponse:
             chunk = connection.next_chunk()
         return chunk
 
+    def body_now(self) -> bytes | None:
+        """The whole body when all of it has arrived (a plain call, no coroutine); None otherwise:
+        ``await read()``."""
+        connection = self._connection
+        if not connection.complete or connection.error is not None:
+            return None
+        return connection.next_chunk()
+
     async def read(self) -> bytes:
         """The whole body. What has arrived is taken as it comes, so flow control never stops the
         connection short of a body larger than the high-water mark."""
@@ -412,7 +420,13 @@ class ReplicaClient:
         head += (b"\r\n", body)
         request = b"".join(head)
         while True:
-            connection, reused = await self._acquire(origin)
+            # A pooled connection is taken as a plain call; only opening one or waiting for one to
+            # come free is awaited.
+            pooled = None if self._closed else self._pooled(origin)
+            if pooled is not None:
+                connection, reused = pooled, True
+            else:
+                connection, reused = await self._acquire(origin)
             try:
                 connection.start(request, stream)
                 while not connection.headers_done:
@@ -468,20 +482,29 @@ class ReplicaClient:
         # let transports deliver connection_lost before the loop goes away
         await asyncio.sleep(0)
 
+    def _pooled(self, origin: Origin) -> _Connection | None:
+        """An idle connection to ``origin`` still open and within its keep-alive, if the pool has one."""
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        now = self.loop.time()
+        while idle:
+            connection = idle.pop()
+            transport = connection.transport
+            if transport is None or transport.is_closing():
+                continue
+            if now - connection.idle_since > self._keepalive_s:
+                connection.close()
+                continue
+            return connection
+        return None
+
     async def _acquire(self, origin: Origin) -> tuple[_Connection, bool]:
         while True:
             if self._closed:
                 raise ReplicaDisconnected("the gateway is shutting down")
-            idle = self._idle.get(origin)
-            now = self.loop.time()
-            while idle:
-                connection = idle.pop()
-                transport = connection.transport
-                if transport is None or transport.is_closing():
-                    continue
-                if now - connection.idle_since > self._keepalive_s:
-                    connection.close()
-                    continue
+            connection = self._pooled(origin)
+            if connection is not None:
                 return connection, True
             if len(self._open) < self._limit:
                 return await self._connect(origin), False

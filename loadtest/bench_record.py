@@ -58,9 +58,7 @@ def time_access_log(request: ProxyRequest, total: int, repeats: int = 5) -> dict
 
         variants: dict[str, Callable[[], object]] = {
             "orjson + one `write`, no library (the floor)": floor,
-            "kvgate, json (structlog's renderer called directly, one `write`)": lambda: kvgate_json.write(
-                request, time.monotonic()
-            ),
+            "kvgate, json (orjson, one `write`)": lambda: kvgate_json.write(request, time.monotonic()),
             "structlog through a bound logger (`make_filtering_bound_logger`), json": lambda: bound.info(
                 event, **fields
             ),

@@ -422,3 +422,43 @@ def test_a_whole_body_larger_than_the_high_water_mark_is_read_to_its_end(run: An
             await replicas.close()
 
     run(main)
+
+
+def test_a_body_is_taken_whole_without_waiting_only_once_all_of_it_arrived(run: Any) -> None:
+    release_rest = asyncio.Event()
+
+    async def handler(server: Server, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(server, reader)
+        whole = json_response(b'{"ok":true}')
+        writer.write(whole[:-4])
+        await writer.drain()
+        await release_rest.wait()
+        writer.write(whole[-4:])
+        await writer.drain()
+        await read_request(server, reader)
+        writer.write(json_response(b'{"two":2}'))
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> None:
+        async with serving(handler) as server:
+            replicas = client()
+            response = await replicas.post(server.url, "/v1/completions", b"{}", HEADERS, stream=False)
+            assert response.body_now() is None
+            release_rest.set()
+            assert await response.read() == b'{"ok":true}'
+            response.release()
+            response = await replicas.post(server.url, "/v1/completions", b"{}", HEADERS, stream=False)
+            body = response.body_now()
+            for _ in range(500):
+                if body is not None:
+                    break
+                await asyncio.sleep(0.01)
+                body = response.body_now()
+            assert body == b'{"two":2}'
+            assert response.body_now() == b""
+            response.release()
+            assert server.connections == 1
+            await replicas.close()
+
+    run(main)
