@@ -26,6 +26,15 @@ ledger answers ``shared_tokens`` (``vocabulary.sharing.ResidentPrefixes``) for t
 Two requests that arrive together with one new system prompt are both charged for it, as both
 compute it: a block is never counted shared before it exists.
 
+Such a block may then have two copies on the replica, and the one its prefix cache hands to later
+prompts is the one computed first: the copy of the request that reached the replica first, not of
+the one whose first token the gateway happened to read first (two streams' first tokens of one step
+arrive in either order). A reservation whose copy may be that one (it was reserved no later than the
+reservation that made the block shared) leaves it counted when it ends, for as long as the block
+stays shared: the copy is free to the replica but still cached, and the next prompt to hit the block
+takes it back out of the free blocks without being charged for it. At most one such copy per block
+is counted, as a prefix cache hands out one copy of a block at a time, and it goes with the block.
+
 Everything is counted in whole KV blocks of ``block_tokens``, as vLLM allocates them: a reservation
 is charged its worst case rounded up to whole blocks (a sequence's last block is allocated whole
 however few tokens it holds), and a prompt is credited only the shared blocks the replica's prefix
@@ -137,6 +146,13 @@ class InMemoryLedger:
         """Each reservation's prompt blocks until its first token, when it named them."""
         self._holds: dict[str, list[int]] = {}
         """The shared blocks each reservation holds (and is not charged for on its own)."""
+        self._shared_by: dict[str, dict[int, float]] = {}
+        """Per replica, when the reservation that made each shared block shared was reserved."""
+        self._copies: dict[str, list[int]] = {}
+        """Each reservation's own copies of shared blocks that its replica may hand out for them."""
+        self._orphans: dict[str, set[int]] = {}
+        """Per replica, shared blocks with a copy whose reservation ended: counted until the block is
+        no longer shared, as a prompt hitting the block may be given that copy."""
 
     def reserve(
         self,
@@ -215,20 +231,31 @@ class InMemoryLedger:
     def _share_computed(self, held: Reservation) -> None:
         """``held``'s prefill is done: its prompt blocks are in the replica's cache, and those no one
         shares yet become shared, held by it (moved from its own charge to the shared blocks: the
-        replica's reserved KV does not change)."""
+        replica's reserved KV does not change). Of those someone else made shared meanwhile, its
+        copies are the ones the replica may hand out when it was reserved no later than that one."""
         prompt = self._prompts.pop(held.request_id, None)
         if not prompt:
             return
         blocks = self._blocks.get(held.replica_id)
         if blocks is None:
             blocks = self._blocks[held.replica_id] = Counter()
+            shared_by = self._shared_by[held.replica_id] = {}
+        else:
+            shared_by = self._shared_by[held.replica_id]
         holds = self._holds.get(held.request_id)
         if holds is None:
             holds = self._holds[held.request_id] = []
+        reserved_at_s = held.reserved_at_s
+        copies: list[int] = []
         for block in prompt[len(holds) :]:
             if block not in blocks:
                 blocks[block] = 1
+                shared_by[block] = reserved_at_s
                 holds.append(block)
+            elif shared_by[block] >= reserved_at_s:
+                copies.append(block)
+        if copies:
+            self._copies[held.request_id] = copies
 
     def release(self, request_id: str) -> bool:
         held = self._held.pop(request_id, None)
@@ -239,19 +266,36 @@ class InMemoryLedger:
         kv_tokens = self.kv_block_tokens(held.cost)
         self._prompts.pop(request_id, None)
         holds = self._holds.pop(request_id, None)
-        if holds:
-            blocks = self._blocks[replica_id]
-            still_shared = 0
-            for block in holds:
+        copies = self._copies.pop(request_id, None)
+        blocks = self._blocks.get(replica_id)
+        if blocks is not None and (holds or copies):
+            shared_by = self._shared_by[replica_id]
+            orphans = self._orphans.get(replica_id)
+            kept_blocks = 0
+            for block in holds or ():
                 count = blocks[block] - 1
                 if count:
                     blocks[block] = count
-                    still_shared += 1
+                    kept_blocks += 1
                 else:
                     del blocks[block]
-            kv_tokens -= still_shared * self.block_tokens
+                    del shared_by[block]
+                    if orphans and block in orphans:
+                        orphans.discard(block)
+                        kept_blocks -= 1
+            for block in copies or ():
+                if block in blocks:
+                    if orphans is None:
+                        orphans = self._orphans[replica_id] = set()
+                    if block not in orphans:
+                        orphans.add(block)
+                        kept_blocks += 1
+            kv_tokens -= kept_blocks * self.block_tokens
             if not blocks:
                 del self._blocks[replica_id]
+                del self._shared_by[replica_id]
+            if orphans is not None and not orphans:
+                del self._orphans[replica_id]
         self._shift(
             replica_id,
             -held.pending_prompt_tokens,

@@ -369,11 +369,24 @@ class Dispatcher:
         request, future = waiter
         if future.done():
             return Placement.GONE  # the client left and its task has not heard yet
-        route = self._place(request, dispatch.candidates, now_s, hold_until_s=self._hold_until_s(dispatch))
+        route = self._place(
+            request,
+            self._now_views(dispatch.candidates, now_s),
+            now_s,
+            hold_until_s=self._hold_until_s(dispatch),
+        )
         if not isinstance(route, Route):
             return Placement.NO_ROOM
         future.set_result(route)
         return Placement.PLACED
+
+    def _now_views(self, candidates: Sequence[ReplicaView], now_s: float) -> list[ReplicaView]:
+        """``candidates`` with their loads as they are now. A dispatch's candidates are views of the
+        cycle's snapshot, and the dispatches before it in the cycle were since reserved on whichever
+        of theirs the router chose, not necessarily where the queue walk assumed: routed on the
+        snapshot's loads, two dispatches of one cycle could both take the last room of one replica."""
+        views = {view.replica_id: view for view in self._fleet.views(now_s)}
+        return [views[v.replica_id] for v in candidates if v.replica_id in views]
 
     def _hold_until_s(self, dispatch: Dispatch) -> float:
         """A queued request's hold for its prefix's replica, from when it queued (``Router.hold_until_s``)."""

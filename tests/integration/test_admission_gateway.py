@@ -243,3 +243,49 @@ async def test_a_large_prompt_is_counted_off_the_event_loop_and_matches_the_repl
             == answer.json()["usage"]["prompt_tokens"]
         )
         await assert_idle(gw)
+
+
+async def test_queued_requests_dispatched_together_are_routed_on_the_loads_left_by_the_ones_before() -> None:
+    """One pump cycle lets two queued requests of about 1,500 KV tokens go (the blocker ahead of them
+    left). The queue walk counts the first on the replica with the most room (the one running three
+    sequences), but least-request routes it to the other, leaving about 500 tokens there; the second,
+    which the walk saw fit only there, was routed on the cycle's snapshot, where the first was not
+    yet: 4,912 tokens reserved on a replica of 4,000, and it preempted. Routed on the loads of the
+    moment, the second waits for the next cycle and goes to the replica with room."""
+    async with small_fleet(time_scale=0.5, replicas=2) as fleet:
+        config = config_for(fleet, max_queue_wait_s=300, head_of_line_max_wait_s=0)
+        routing = config.routing.model_copy(update={"policy": "least_request"})
+        async with (
+            running_gateway(config.model_copy(update={"routing": routing})) as gw,
+            httpx.AsyncClient(base_url=gw.url, timeout=120) as http,
+        ):
+            await _dispatch_two_queued_together(gw, http, fleet)
+        await assert_idle(gw)
+
+
+async def _dispatch_two_queued_together(gw: RunningGateway, http: httpx.AsyncClient, fleet: SimFleet) -> None:
+    prompt_tokens = PROMPT_TOKENS
+    three = completion((1200 - prompt_tokens) // 3, n=3, stream=True)
+    holder = completion(2000 - prompt_tokens, stream=True)
+    blocker = completion(3000 - prompt_tokens)
+    queued = completion(1500 - prompt_tokens)
+    ledger = gw.state.ledger
+
+    def reserved() -> list[int]:
+        return [ledger.load(r).reserved_kv_tokens for r in gw.state.replicas]
+
+    running = [asyncio.create_task(http.post("/v1/completions", json=three))]
+    assert await eventually(lambda: ledger.totals().resident_sequences == 3)
+    running.append(asyncio.create_task(http.post("/v1/completions", json=holder)))
+    assert await eventually(lambda: ledger.totals().resident_sequences == 4)
+    assert sorted(reserved()) == [1200, 2000]
+    waiting = asyncio.create_task(http.post("/v1/completions", json=blocker))
+    assert await eventually(lambda: gw.state.queued == 1)
+    running += [asyncio.create_task(http.post("/v1/completions", json=queued)) for _ in range(2)]
+    assert await eventually(lambda: gw.state.queued == 3)
+    waiting.cancel()
+    assert await eventually(lambda: ledger.totals().resident_sequences == 6)
+    assert max(reserved()) <= KV_CAPACITY_TOKENS, reserved()
+    answers = await asyncio.gather(*running)
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert preemptions(fleet) == 0

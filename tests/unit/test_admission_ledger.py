@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -126,6 +127,81 @@ def test_a_prompt_of_whole_blocks_is_computed_again_in_its_last_block() -> None:
     assert engine.stats.num_preemptions == 0
 
 
+def test_a_copy_of_a_shared_block_stays_reserved_until_the_block_is_no_longer_shared() -> None:
+    system = tuple(range(4))
+    ledger = InMemoryLedger(block_tokens=16)
+    assert ledger.reserve("a", "r0", cost(80, 16), 0.0, (*system, 100))
+    assert ledger.reserve("b", "r0", cost(96, 160), 0.0, (*system, 200, 201))
+    assert ledger.load("r0").reserved_kv_tokens == 96 + 256
+    # Both computed the system prompt; b's first token was read first, so a holds a copy of it.
+    assert ledger.first_token("b") and ledger.first_token("a")
+    assert ledger.load("r0").reserved_kv_tokens == 96 + 256
+    # a's copy is free once a ends, but still cached: counted while the system prompt is shared.
+    assert ledger.release("a")
+    assert ledger.load("r0").reserved_kv_tokens == 256 + 64
+    assert ledger.reserve("c", "r0", cost(96, 128), 0.0, (*system, 300, 301))
+    assert ledger.load("r0").reserved_kv_tokens == 256 + 64 + 224 - 64
+    assert ledger.release("b")
+    assert ledger.load("r0").reserved_kv_tokens == 64 + 64 + 224 - 64
+    assert ledger.release("c")
+    assert ledger.totals() == ReplicaLoad()
+
+
+@pytest.mark.parametrize("reversed_order", [False, True], ids=["engine order", "reversed"])
+def test_a_prefix_computed_twice_at_once_is_reserved_whichever_first_token_is_read_first(
+    reversed_order: bool,
+) -> None:
+    """Two requests with one new 64-token system prompt start together on a replica of 26 blocks and
+    both compute it, their first tokens in one step. The engine caches the first one's copy; the
+    gateway reads the two streams in either order and may take the second one's copy for the shared
+    one. When the first ends, its copy is free but still cached, and a third request over that
+    system prompt is given it back: crediting the third for the shared blocks then admitted 30
+    blocks of work onto 26 and the replica preempted. Counting the ended copy, the third waits."""
+    engine = Engine(resolve_profile(overrides={"warmup_s": 0, "kv_capacity_tokens": 26 * 16}))
+    ledger = InMemoryLedger(block_tokens=16)
+    system = list(range(64))
+    prompts = {
+        "a": system + list(range(1000, 1016)),
+        "b": system + list(range(2000, 2032)),
+        "c": system + list(range(3000, 3032)),
+    }
+    max_tokens = {"a": 16, "b": 160, "c": 128}
+    now_s = 0.0
+
+    def admit(request_id: str) -> bool:
+        prompt, request_cost = prompts[request_id], cost(len(prompts[request_id]), max_tokens[request_id])
+        hashes = block_hashes(prompt, 16)
+        view = ReplicaView(
+            "r0", "sim://r0", "pool", Role.MIXED, frozenset({"m"}), 26 * 16, 16, True, 0.0, ledger.load("r0")
+        )
+        if not fits_sharing(view, request_cost.kv_tokens, 1, 16, hashes, ledger, len(prompt)):
+            return False
+        ledger.reserve(request_id, "r0", request_cost, now_s, hashes)
+        engine.add_request(request_id, prompt, max_tokens[request_id], now_s, ignore_eos=True)
+        return True
+
+    def run_until_done(request_id: str | None) -> None:
+        nonlocal now_s
+        while engine.has_work:
+            result = engine.step(now_s)
+            now_s = result.end_s
+            produced = list(reversed(result.produced)) if reversed_order else list(result.produced)
+            for sequence in produced:
+                ledger.produced(sequence.request_id, sequence.num_output_tokens)
+                if sequence.finish_reason is not None:
+                    ledger.release(sequence.request_id)
+            if any(s.request_id == request_id and s.finish_reason for s in produced):
+                return
+
+    assert admit("a") and admit("b")
+    run_until_done("a")
+    admitted_c = admit("c")
+    run_until_done(None)
+    assert engine.stats.num_preemptions == 0
+    assert admitted_c is False
+    assert ledger.totals() == ReplicaLoad()
+
+
 def test_lifecycle_moves_prefill_to_decode_and_back_to_zero() -> None:
     ledger = InMemoryLedger()
     assert ledger.reserve("a", "r0", cost(100, 50), now_s=0.0)
@@ -200,6 +276,14 @@ class LedgerMachine(RuleBasedStateMachine):
         self.shared: dict[str, dict[int, int]] = {replica_id: {} for replica_id in REPLICAS}
         """The model of shared blocks: per replica, block -> reservations holding it."""
         self.holds: dict[str, list[int]] = {}
+        self.reserved_at_s: dict[str, float] = {}
+        self.shared_by: dict[str, dict[int, float]] = {replica_id: {} for replica_id in REPLICAS}
+        """Per replica, block -> when the reservation that made it shared was reserved."""
+        self.copies: dict[str, list[int]] = {}
+        """Each reservation's copies of shared blocks that its replica may hand out for them: of
+        blocks made shared by a reservation reserved no earlier than itself."""
+        self.orphans: dict[str, set[int]] = {replica_id: set() for replica_id in REPLICAS}
+        """Per replica, still-shared blocks with such a copy whose reservation ended."""
 
     @rule(
         request_id=st.sampled_from(REQUEST_IDS),
@@ -219,6 +303,7 @@ class LedgerMachine(RuleBasedStateMachine):
         assert took == (request_id not in self.held)
         if took:
             self.held[request_id] = (replica_id, prompt, max_output, False, 0, blocks)
+            self.reserved_at_s[request_id] = self.now_s
             pool = self.shared[replica_id]
             holds = []
             for block in blocks[: max(0, prompt - 1) // 16]:
@@ -229,23 +314,35 @@ class LedgerMachine(RuleBasedStateMachine):
             self.holds[request_id] = holds
 
     def computed(self, request_id: str) -> None:
-        """The model of a first token: the prompt's blocks nobody shares become shared, held by it."""
+        """The model of a first token: the prompt's blocks nobody shares become shared, held by it;
+        of those someone shares already, it holds a copy of its own."""
         replica_id, _, _, first, _, blocks = self.held[request_id]
         if first:
             return
-        pool, holds = self.shared[replica_id], self.holds[request_id]
+        pool, holds, shared_by = self.shared[replica_id], self.holds[request_id], self.shared_by[replica_id]
+        reserved_at_s = self.reserved_at_s[request_id]
+        copies = self.copies[request_id] = []
         for block in blocks[len(holds) :]:
             if block not in pool:
                 pool[block] = 1
+                shared_by[block] = reserved_at_s
                 holds.append(block)
+            elif shared_by[block] >= reserved_at_s:
+                copies.append(block)
 
     def dropped(self, request_id: str) -> None:
+        """The model of a release: a copy of a block still shared stays counted until the block is not."""
         replica_id = self.held.pop(request_id)[0]
-        pool = self.shared[replica_id]
+        pool, orphans = self.shared[replica_id], self.orphans[replica_id]
         for block in self.holds.pop(request_id):
             pool[block] -= 1
             if not pool[block]:
                 del pool[block]
+                del self.shared_by[replica_id][block]
+                orphans.discard(block)
+        for block in self.copies.pop(request_id, []):
+            if block in pool:
+                orphans.add(block)
 
     @rule(request_id=st.sampled_from(REQUEST_IDS))
     def first_token(self, request_id: str) -> None:
@@ -309,6 +406,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 resident_sequences=len(mine),
                 remaining_decode_tokens=sum(h[2] - h[4] for h in mine.values()),
                 reserved_kv_tokens=16 * len(pool)
+                + 16 * len(self.orphans[replica_id])
                 + sum(-(-(h[1] + h[2]) // 16) * 16 - 16 * len(self.holds[r]) for r, h in mine.items()),
             )
             assert len(self.ledger.resident(replica_id)) == len(mine)
