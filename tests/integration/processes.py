@@ -87,7 +87,10 @@ async def sdk_traffic(url: str, model: str, chats: int, stream_tokens: int) -> N
         answers = await asyncio.gather(
             *(
                 client.chat.completions.create(
-                    model=model, messages=[{"role": "user", "content": f"question {i}"}], max_tokens=8
+                    model=model,
+                    messages=[{"role": "user", "content": f"question {i}"}],
+                    max_tokens=8,
+                    extra_body={"ignore_eos": True},
                 )
                 for i in range(chats)
             )
