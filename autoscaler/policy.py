@@ -23,8 +23,9 @@ sizing, the KV in use also projected over the cold start at its growth and the s
 its fall too (a replica removed is gone at once, one added back serves a cold start later), with a
 hysteresis of twice the noise of that work around its trend over the window, at most
 ``scale_in_hysteresis_replicas``, scales the pool in, to the demand at the window's least-squares
-line now (the hysteresis covers the noise around it; the most any sample needed counted it twice)
-and the most KV in use a sample of the window held (it swings by replicas between reads), once it
+line now (the hysteresis covers the noise around it; the most any sample needed counted it twice),
+never below the sample's own (a line lags a demand that turns back up: the sample is what arrives
+now), and the most KV in use a sample of the window held (it swings by replicas between reads), once it
 has held for ``scale_in_sizing_window_s`` with every latency under its scale-out target: the
 hysteresis is in replicas, as the noise of the rates is, and as wide as the noise measured (a slow
 ramp's steady fall is trend, not noise), and a pool whose long prompts keep TTFT above the idle
@@ -410,10 +411,12 @@ class PoolAutoscaler:
         ``scale_down_delay_s`` (sessions filling the cache while the token rates fall still need the
         replicas a step in would remove; over a shorter window a cache that only fluctuates reads
         as growing), each with the scale-in hysteresis; inf when no capacity is configured. The
-        demand is the sizing window's least-squares line at ``s`` (the sample itself under three
-        samples): the hysteresis covers the noise around that line, and the most any sample needed
-        would count it twice. The KV in use is the sample's: it swings by several replicas' worth
-        between reads, and the step in keeps the most its window needed."""
+        demand is the sizing window's least-squares line at ``s``, or the sample's own where higher
+        (under three samples, the sample's): the hysteresis covers the noise around that line, and
+        the most any sample needed would count it twice; a line lags a demand that falls and turns
+        back up, and a step in to what the line reads would be short of what arrives now. The KV
+        in use is the sample's: it swings by several replicas' worth between reads, and the step in
+        keeps the most its window needed."""
         p = self.policy
         share = self._projected_share(s, falling=True)
         if share is None:
@@ -425,7 +428,7 @@ class PoolAutoscaler:
         works = [(t, max(demand, held)) for t, demand, held in self._works]
         hysteresis = min(p.scale_in_hysteresis_replicas, NOISE_SPREAD * _residual(works))
         shares = [(t, demand) for t, demand, _ in self._works]
-        demand = _trend_at(shares, s.time_s) if len(shares) >= 3 else share
+        demand = max(_trend_at(shares, s.time_s), share) if len(shares) >= 3 else share
         return (
             replicas_for_rate(demand + hysteresis, 1.0, p.target_utilization_ratio),
             replicas_for_rate(kv + hysteresis, 1.0, p.target_utilization_ratio),

@@ -518,6 +518,24 @@ def test_a_falling_pool_steps_in_to_its_demand_one_cold_start_ahead() -> None:
     assert {reason for _, _, reason in changes} == {SCALE_IN_TOKEN_RATE}
 
 
+def test_a_step_in_never_sizes_below_the_demand_of_the_sample_itself() -> None:
+    """Served work falls from 0.9 of a replica's worth on two, to 0.5 and back up to 0.6, 0.05 a
+    sample. Projected one cold start ahead at its slope, the sizing window at 165 s reads -0.08,
+    -0.25, -0.22, 0.31, 0.6: its least-squares line, 0.46 now, lags the turn, and with the 0.22 of
+    hysteresis its noise asks for (the KV in use, 0.2, is the work's least) would need one replica
+    (ceil(0.68 / 0.75)) while the sample's own demand needs two (ceil(0.82 / 0.75)). The step in
+    waits until the window holds flat at 0.6 with no noise, at 300 s."""
+    shares = [0.9] * 6 + [0.65, 0.6, 0.55, 0.5, 0.55, 0.6] + [0.6] * 12
+    scaler = PoolAutoscaler("chat", policy(**SIZED))
+    replicas, changes = 2, []
+    for i, share in enumerate(shares):
+        rec = scaler.update(sig(i * STEP_S, replicas=replicas, prompt_tokens_per_s=share * 10000, **SERVING))
+        if rec.desired_replicas != replicas:
+            changes.append((i * STEP_S, rec.desired_replicas, rec.reason))
+        replicas = rec.desired_replicas
+    assert changes == [(300, 1, SCALE_IN_TOKEN_RATE)]
+
+
 def test_a_step_in_right_after_a_step_out_that_undid_one_waits_out_the_stabilisation_window() -> None:
     """2.25 replicas' worth on four steps in to three; 3 replicas' worth for a scale-out window steps
     out to four (a turn); back to 2.25 at once, a step in would be the second turn in 300 s: it waits
