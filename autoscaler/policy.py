@@ -22,8 +22,11 @@ stay under the full mark; resident sequences over per-replica capacity bound dec
 sizing, the KV in use also projected over the cold start at its growth and the served work at
 its fall too (a replica removed is gone at once, one added back serves a cold start later), with a
 hysteresis of twice the noise of that work around its trend over the window, at most
-``scale_in_hysteresis_replicas``, scales the pool in, to the most any sample of the window needed,
-once it has held for ``scale_in_sizing_window_s`` with every latency under its scale-out target: the
+``scale_in_hysteresis_replicas``, scales the pool in, to the demand at the window's least-squares
+line now (the hysteresis covers the noise around it; the most any sample needed counted it twice),
+never below the sample's own (a line lags a demand that turns back up: the sample is what arrives
+now), and the most KV in use a sample of the window held (it swings by replicas between reads), once it
+has held for ``scale_in_sizing_window_s`` with every latency under its scale-out target: the
 hysteresis is in replicas, as the noise of the rates is, and as wide as the noise measured (a slow
 ramp's steady fall is trend, not noise), and a pool whose long prompts keep TTFT above the idle
 rule's mark still scales in. Within
@@ -174,10 +177,12 @@ class PoolAutoscaler:
         self._in_since_s: float | None = None
         self._shrink_since_s: float | None = None
         self._sized = math.inf
-        """The most replicas a sample of the current sizing window needs with the scale-in
-        hysteresis (inf: no capacities): the window's spread is noise the step in must absorb."""
-        self._works: deque[tuple[float, float]] = deque()
-        """(time, replicas' worth of work a step in must carry) over the last
+        """Replicas the current sizing window needs with the scale-in hysteresis (inf: no
+        capacities): its demand at its trend now, its KV in use at the most a sample held."""
+        self._kv_sized = math.inf
+        """The most replicas the KV in use of a sample of the current sizing window needs."""
+        self._works: deque[tuple[float, float, float]] = deque()
+        """(time, replicas' worth of demand, replicas' worth of KV in use) a step in must carry over the last
         ``scale_in_sizing_window_s`` since the last change: their spread around their trend is the
         noise the scale-in hysteresis absorbs."""
         self._kv_in_use: deque[tuple[float, float]] = deque()
@@ -295,13 +300,15 @@ class PoolAutoscaler:
         self._kv_in_use.append((s.time_s, s.kv_occupancy_ratio * s.replicas_ready))
         while self._kv_in_use[0][0] < s.time_s - p.scale_down_delay_s:
             self._kv_in_use.popleft()
-        sized = self._sized_for(s)
+        rates_sized, kv_sized = self._sized_for(s)
+        sized = max(rates_sized, kv_sized)
         if not (sized < s.replicas_current and _unhurried(s, p)):
             self._shrink_since_s = None
         elif self._shrink_since_s is None:
-            self._shrink_since_s, self._sized = s.time_s, sized
+            self._shrink_since_s, self._sized, self._kv_sized = s.time_s, sized, kv_sized
         else:
-            self._sized = max(self._sized, sized)
+            self._kv_sized = max(self._kv_sized, kv_sized)
+            self._sized = max(rates_sized, self._kv_sized)
 
     def _held_s(self, since_s: float | None, now_s: float) -> float:
         """How long a condition has held, counting only since the last change took effect."""
@@ -398,22 +405,34 @@ class PoolAutoscaler:
         waiting = 1 + unserved / max(s.prompt_tokens_per_s, unserved) if unserved > 0 else 1.0
         return s.kv_occupancy_ratio * s.replicas_ready * waiting
 
-    def _sized_for(self, s: PoolSignals) -> float:
+    def _sized_for(self, s: PoolSignals) -> tuple[float, float]:
         """Replicas that carry the demand projected one cold start ahead (growth included, backlog
-        not) and hold the KV in use projected the same way, its growth measured over
+        not), and replicas that hold the KV in use projected the same way, its growth measured over
         ``scale_down_delay_s`` (sessions filling the cache while the token rates fall still need the
         replicas a step in would remove; over a shorter window a cache that only fluctuates reads
-        as growing), with the scale-in hysteresis; inf when no capacity is configured."""
+        as growing), each with the scale-in hysteresis; inf when no capacity is configured. The
+        demand is the sizing window's least-squares line at ``s``, or the sample's own where higher
+        (under three samples, the sample's): the hysteresis covers the noise around that line, and
+        the most any sample needed would count it twice; a line lags a demand that falls and turns
+        back up, and a step in to what the line reads would be short of what arrives now. The KV
+        in use is the sample's: it swings by several replicas' worth between reads, and the step in
+        keeps the most its window needed."""
         p = self.policy
         share = self._projected_share(s, falling=True)
         if share is None:
-            return math.inf
-        work = max(share, self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s)
-        self._works.append((s.time_s, work))
+            return math.inf, math.inf
+        kv = self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s
+        self._works.append((s.time_s, share, kv))
         while self._works[0][0] < s.time_s - p.scale_in_sizing_window_s:
             self._works.popleft()
-        hysteresis = min(p.scale_in_hysteresis_replicas, NOISE_SPREAD * _residual(list(self._works)))
-        return replicas_for_rate(work + hysteresis, 1.0, p.target_utilization_ratio)
+        works = [(t, max(demand, held)) for t, demand, held in self._works]
+        hysteresis = min(p.scale_in_hysteresis_replicas, NOISE_SPREAD * _residual(works))
+        shares = [(t, demand) for t, demand, _ in self._works]
+        demand = max(_trend_at(shares, s.time_s), share) if len(shares) >= 3 else share
+        return (
+            replicas_for_rate(demand + hysteresis, 1.0, p.target_utilization_ratio),
+            replicas_for_rate(kv + hysteresis, 1.0, p.target_utilization_ratio),
+        )
 
     def _kv_growth(self) -> float:
         """Replicas' worth of KV in use gained per second over ``scale_down_delay_s`` (0 until the
@@ -450,6 +469,14 @@ def _slope(points: list[tuple[float, float]]) -> float:
     mean_v = sum(v for _, v in points) / n
     spread = sum((t - mean_t) ** 2 for t, _ in points)
     return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread if spread > 0 else 0.0
+
+
+def _trend_at(points: list[tuple[float, float]], time_s: float) -> float:
+    """The value of the least-squares line of ``(time, value)`` points at ``time_s``."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    return mean_v + _slope(points) * (time_s - mean_t)
 
 
 def _residual(points: list[tuple[float, float]]) -> float:
