@@ -105,7 +105,8 @@ class PoolPolicy(BaseModel):
         ge=0,
         description=(
             "With capacities configured, the pool scales in to ceil((R / C + h) / "
-            "target_utilization_ratio), R projected over the cold start, once that is below the current "
+            "target_utilization_ratio), R projected over the cold start (the sizing window's trend "
+            "line now, or the sample's own where higher), once that is below the current "
             "count for scale_in_sizing_window_s with latencies under their scale-out targets; h is "
             "twice the standard deviation of R / C around its trend over that window, at most this: "
             "the hysteresis in replicas' worth of work, as the noise is (a margin in utilisation is "
