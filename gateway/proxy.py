@@ -122,17 +122,13 @@ class Proxy:
                 self._done(unread)
             return
         request.started_s = started_s
-        task = None
         watcher = None
         if edge is not None:
             request.edge = edge
-            task, edge.task = edge.task, None  # handed over: the edge holds it no longer
-        if task is None:
-            task = asyncio.current_task()
-            assert task is not None
-        if edge is not None:
+            task, edge.task = edge.task or _current_task(), None  # handed over: the edge holds it no longer
             edge.watch(functools.partial(_on_disconnect, request, task))
         else:
+            task = _current_task()
             watcher = asyncio.ensure_future(receive())
             watcher.add_done_callback(functools.partial(_on_client_message, request, task))
         try:
@@ -308,6 +304,12 @@ def _on_client_message(
         return
     if watcher.result()["type"] == "http.disconnect":
         _on_disconnect(request, task)
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    assert task is not None
+    return task
 
 
 def _on_disconnect(request: ProxyRequest, task: asyncio.Task[Any]) -> None:
