@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 import loadtest.autoscale_lab as package
-from loadtest.autoscale_lab.compare import POLICIES, SEED, run_scenario
-from loadtest.autoscale_lab.measures import table
+from loadtest.autoscale_lab.compare import POLICIES, SEED, present_only, run_scenario
+from loadtest.autoscale_lab.measures import present_only_table, table
 from loadtest.autoscale_lab.plots import plot
 from loadtest.autoscale_lab.scenarios import FULL, SCENARIOS
 
@@ -26,6 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plots", default="docs", help="folder for autoscale-lab-<scenario>.png ('' for none)"
     )
+    parser.add_argument(
+        "--present-only",
+        default="",
+        metavar="HEADROOMS",
+        help="also follow the oracle's schedule at these headrooms (e.g. 0.85,0.6,0.4) with no lead: "
+        "the bound of any scaler without foresight",
+    )
     args = parser.parse_args(argv)
     names = FULL if args.scenario == "all" else tuple(args.scenario.split(","))
     unknown = [n for n in names if n not in SCENARIOS]
@@ -37,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
             name, args.seed, args.policies.split(","), progress=lambda line: print(line, flush=True)
         )
         print(table(result), flush=True)
+        if args.present_only:
+            headrooms = [float(h) for h in args.present_only.split(",")]
+            bounds = present_only(name, headrooms, args.seed, progress=lambda line: print(line, flush=True))
+            print(present_only_table(result, bounds), flush=True)
         if args.plots:
             print(f"  plot: {plot(result, Path(args.plots) / f'autoscale-lab-{name}.png')}", flush=True)
     print(f"done in {time.perf_counter() - started:.0f} s")

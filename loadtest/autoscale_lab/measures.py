@@ -18,7 +18,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from loadtest.autoscale_lab.compare import ScenarioResult, good_ratio
+from loadtest.autoscale_lab.compare import PresentOnly, ScenarioResult, good_ratio
 from loadtest.autoscale_lab.loop import LabRun
 from loadtest.autoscale_lab.scenarios import SCENARIOS
 
@@ -120,6 +120,27 @@ def table(result: ScenarioResult) -> str:
         )
     if "kvgate" in m:
         lines.extend(f"  {line}" for line in targets(result.scenario, m))
+    return "\n".join(lines)
+
+
+def present_only_table(result: ScenarioResult, bounds: Sequence[PresentOnly]) -> str:
+    """The oracle's schedules followed with no lead, against the oracle of ``result``: where none
+    reaches 99 % of its good within 1.25x its replica-seconds, no reactive scaler does."""
+    oracle = result.runs["oracle"]
+    oracle_good = max(good_ratio(oracle), 1e-9)
+    lines = [
+        f"  present only (the oracle's schedule, no lead; 99 % of the oracle's good is "
+        f"{100 * SLO_OF_ORACLE_RATIO * good_ratio(oracle):.1f} %)",
+        f"  {'headroom':<13}{'good %':>7}{'x orc':>7}{'replica-s':>10}{'x orc':>7}{'both':>6}",
+    ]
+    for bound in bounds:
+        good = good_ratio(bound.run)
+        cost = bound.run.replica_seconds / max(oracle.replica_seconds, 1e-9)
+        both = good >= SLO_OF_ORACLE_RATIO * oracle_good and cost <= COST_OF_ORACLE_RATIO
+        lines.append(
+            f"  {bound.headroom_ratio:<13.2f}{100 * good:>7.1f}{good / oracle_good:>7.3f}"
+            f"{bound.run.replica_seconds:>10.0f}{cost:>7.2f}{'yes' if both else 'no':>6}"
+        )
     return "\n".join(lines)
 
 

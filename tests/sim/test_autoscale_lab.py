@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.autoscale_lab.compare import ScenarioResult, good_ratio, run_scenario
+from loadtest.autoscale_lab.compare import ScenarioResult, good_ratio, present_only, run_scenario
 from loadtest.autoscale_lab.measures import scenario_measures
+from loadtest.autoscale_lab.oracle import WINDOW_S
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +56,18 @@ def test_kvgate_scales_out_within_a_cold_start_of_the_burst_where_request_rate_n
     assert kvgate.scale_out_s is not None and kvgate.scale_out_s <= 60
     assert rate.scale_out_s is None
     assert kvgate.good_ratio >= rate.good_ratio
+
+
+def test_the_oracles_schedule_asked_for_without_its_lead_meets_less_of_the_slo(
+    result: ScenarioResult,
+) -> None:
+    """The bound of a scaler without foresight: the same schedule, asked for as each window begins,
+    leaves the burst's first cold start to the replicas already there."""
+    (bound,) = present_only("small", [result.oracle.headroom_ratio], seed=1)
+    oracle = result.runs["oracle"]
+    assert [t.desired for t in bound.run.ticks] == [
+        result.oracle.schedule[min(len(result.oracle.schedule) - 1, int(t.time_s // WINDOW_S))]
+        for t in bound.run.ticks
+    ]
+    assert good_ratio(bound.run) < good_ratio(oracle)
+    assert bound.run.replica_seconds <= oracle.replica_seconds
