@@ -13,12 +13,14 @@ money. With per-replica capacities configured, sizing sets a floor that applies 
 phase's demand over its capacity is a share of a replica (added up on a mixed pool, whose phases
 share each replica's time), ``N = ceil(share / U_target)``; demand is the served rate plus what
 arrives unserved (the growth of the prompt tokens waiting: a saturated pool serves at its ceiling
-whatever arrives), projected over the cold start at the growth of the share (not of each phase: a
-mix moving work from prompts to outputs is no growth; and only over samples with every latency
-under its target: a hurried pool's served rates are its ceiling), plus for prefill the backlog the
-asked-for replicas will find (waiting now plus unserved arrivals until they serve) spread over
-``backlog_drain_s``; the KV in use (occupancy x ready replicas, grown by the waiting arrivals) must
-stay under the full mark; resident sequences over per-replica capacity bound decode. The same
+whatever arrives; on a pool within every latency target, prompts its ready replicas hold within
+``scale_out_prefill_tokens_per_replica`` each are in flight, not a backlog), projected over the
+cold start at the growth of the share (not of each phase: a mix moving work from prompts to
+outputs is no growth; and only over samples with every latency under its target: a hurried pool's
+served rates are its ceiling), plus for prefill the backlog the asked-for replicas will find
+(waiting now plus unserved arrivals until they serve) spread over ``backlog_drain_s``; the KV in
+use (occupancy x ready replicas, grown by the waiting arrivals) must stay under the full mark;
+resident sequences over per-replica capacity bound decode. The same
 sizing, the KV in use also projected over the cold start at its growth and the served work at
 its fall too (a replica removed is gone at once, one added back serves a cold start later), with a
 hysteresis of twice the noise of that work around its trend over the window, at most
@@ -34,7 +36,7 @@ rule's mark still scales in. Within
 of samples: undoing a step in takes the evidence a scale-out conjunction takes, so the fleet turns
 at most once per window; unless the KV in use has grown over ``scale_down_delay_s`` (sessions
 filling the cache), when two samples above the fewer replicas are demand. On a pool within every
-latency target with nothing arriving unserved, a floor from the served rates alone takes two
+latency target with no backlog growing, a floor from the served rates alone takes two
 samples too: one is as likely a cluster of long requests finishing together. A step in that would
 be the fleet's second turn within ``scale_down_delay_s`` (the step out before it undid a step in)
 waits for the window to pass. A change takes effect
@@ -159,6 +161,18 @@ def _fast(value_s: float | None, limit_s: float) -> bool:
     return value_s is None or value_s < limit_s
 
 
+def _backlogged(s: PoolSignals, p: PoolPolicy) -> int:
+    """Prompt tokens waiting that are a backlog: none on a pool within every latency target whose ready
+    replicas hold them within ``scale_out_prefill_tokens_per_replica`` each, all of them otherwise.
+    The first are prompts in flight (a document admitted and not yet prefilled, a 15 s read's snapshot
+    of work served within its targets): counted as arrivals left unserved, 6.8k prompt tokens waiting
+    on a one-replica pool asked for a second replica minutes before one was needed."""
+    in_flight = p.scale_out_prefill_tokens_per_replica * s.replicas_ready
+    if _unhurried(s, p) and s.prompt_tokens_queued <= in_flight:
+        return 0
+    return s.prompt_tokens_queued
+
+
 def _prefill_per_replica(s: PoolSignals) -> float:
     return s.prompt_tokens_queued / max(1, s.replicas_ready)
 
@@ -169,9 +183,9 @@ class PoolAutoscaler:
     def __init__(self, pool: str, policy: PoolPolicy) -> None:
         self.pool = pool
         self.policy = policy
-        self._rates: deque[tuple[float, float, float, float, bool]] = deque()
-        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting, unhurried), since the last
-        change took effect."""
+        self._rates: deque[tuple[float, float, float, float, bool, float]] = deque()
+        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting, unhurried, of those waiting
+        the backlog), since the last change took effect."""
         self._out_since_s: float | None = None
         self._out_reason: str | None = None
         self._in_since_s: float | None = None
@@ -219,11 +233,11 @@ class PoolAutoscaler:
             # large contexts coming and going, and undoing the step takes a scale-out window of it.
             floors = list(self._floors)[-2:] if self._kv_growth() > 0 else self._floors
             floor = min(f for _, f in floors)
-        elif floor_reason == SCALE_OUT_TOKEN_RATE and _unhurried(s, p) and self._unserved() == 0:
-            # Served rates alone, on a pool within every latency target with nothing arriving
-            # unserved: one sample above the one before is as likely a cluster of long requests
-            # finishing together as more demand, and waiting one sample for a second costs nothing
-            # the latencies show.
+        elif floor_reason == SCALE_OUT_TOKEN_RATE and _unhurried(s, p) and self._unserved(backlog=True) == 0:
+            # Served rates alone, on a pool within every latency target with no backlog growing:
+            # one sample above the one before is as likely a cluster of long requests finishing
+            # together as more demand, and waiting one sample for a second costs nothing the
+            # latencies show.
             floor = min(floor, previous)
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
@@ -293,6 +307,7 @@ class PoolAutoscaler:
                     s.output_tokens_per_s,
                     s.prompt_tokens_queued,
                     _unhurried(s, p),
+                    _backlogged(s, p),
                 )
             )
         while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
@@ -316,20 +331,22 @@ class PoolAutoscaler:
             return -math.inf
         return now_s - max(since_s, self._settled_s)
 
-    def _unserved(self) -> float:
+    def _unserved(self, backlog: bool = False) -> float:
         """Prompt tokens/s arriving beyond what is served: the growth of the prompt tokens waiting
-        since the previous sample (a saturated pool serves at its ceiling whatever arrives)."""
+        since the previous sample (a saturated pool serves at its ceiling whatever arrives); with
+        ``backlog``, of those that are a backlog only (``_backlogged``)."""
         if len(self._rates) < 2:
             return 0.0
         previous, last = self._rates[-2], self._rates[-1]
-        return max(0.0, (last[3] - previous[3]) / (last[0] - previous[0])) if last[0] > previous[0] else 0.0
+        i = 5 if backlog else 3
+        return max(0.0, (last[i] - previous[i]) / (last[0] - previous[0])) if last[0] > previous[0] else 0.0
 
     def _projected_share(
-        self, s: PoolSignals, backlog_tokens_per_s: float = 0.0, falling: bool = False
+        self, s: PoolSignals, unserved: float, backlog_tokens_per_s: float = 0.0, falling: bool = False
     ) -> float | None:
         """Replicas' worth of work expected one cold start from now (None with no capacity): the
-        served rates, plus what arrives unserved (the output of the waiting requests in the same
-        proportion as their prompts), plus ``backlog_tokens_per_s`` of prompt, plus the growth of
+        served rates, plus ``unserved`` prompt tokens/s (and the output of the waiting requests in the
+        same proportion as their prompts), plus ``backlog_tokens_per_s`` of prompt, plus the growth of
         the served work over the cold start. The growth is the least-squares slope of the share
         itself, once samples span half the growth window, not of each phase: a mixed pool's phases
         share each replica's time, so a mix moving work from prompts to outputs is no growth, while
@@ -337,7 +354,6 @@ class PoolAutoscaler:
         the last change took effect) and over samples with every latency under its scale-out
         target: while replicas come up, and while a hurried pool serves at its ceiling, served
         rates rise with capacity, not with demand."""
-        unserved = self._unserved()
         prompt = s.prompt_tokens_per_s + unserved + backlog_tokens_per_s
         output = s.output_tokens_per_s
         if s.prompt_tokens_per_s > 0:
@@ -354,21 +370,24 @@ class PoolAutoscaler:
         rates = [r for r in self._rates if r[4]]
         if len(rates) < 2 or rates[-1][0] - rates[0][0] < self.policy.growth_window_s / 2:
             return 0.0
-        return _slope([(t, self._share(s, prompt, output) or 0.0) for t, prompt, output, _, _ in rates])
+        return _slope([(t, self._share(s, prompt, output) or 0.0) for t, prompt, output, *_ in rates])
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
         p = self.policy
         best, reason, parts = 0, SCALE_OUT_TOKEN_RATE, []
+        # A floor asks for replicas at once: prompts in flight on a pool within its targets are
+        # neither a backlog nor arrivals left unserved.
+        unserved = self._unserved(backlog=True)
         backlog = 0.0
         if self._settled_s is not None:
             # The backlog replicas asked for now will find: what waits now and what arrives unserved
             # until they serve. While asked-for replicas come up, that ask already covered it.
-            backlog = (s.prompt_tokens_queued + self._unserved() * p.cold_start_s) / p.backlog_drain_s
-        share = self._projected_share(s, backlog)
+            backlog = (_backlogged(s, p) + unserved * p.cold_start_s) / p.backlog_drain_s
+        share = self._projected_share(s, unserved, backlog)
         if share is not None:
             best = replicas_for_rate(share, 1.0, p.target_utilization_ratio)
             parts.append(
-                f"prefill_demand={s.prompt_tokens_per_s + self._unserved() + backlog:.0f}/s "
+                f"prefill_demand={s.prompt_tokens_per_s + unserved + backlog:.0f}/s "
                 f"growth={self._share_growth(s):+.4f}/s replica_share={share:.2f}->{best}"
             )
             kv = self._kv_share(s)
@@ -418,7 +437,7 @@ class PoolAutoscaler:
         in use is the sample's: it swings by several replicas' worth between reads, and the step in
         keeps the most its window needed."""
         p = self.policy
-        share = self._projected_share(s, falling=True)
+        share = self._projected_share(s, self._unserved(), falling=True)
         if share is None:
             return math.inf, math.inf
         kv = self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s

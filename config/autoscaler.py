@@ -48,8 +48,10 @@ class PoolPolicy(BaseModel):
         default=16384,
         gt=0,
         description=(
-            "Prompt tokens waiting per ready replica above which a prefill pool is backlogged, tokens. "
-            "Default 16384. Example: 32768"
+            "Prompt tokens waiting per ready replica above which a prefill pool is backlogged; at or "
+            "below it, on a pool within every latency target, they are prompts in flight, which "
+            "token-rate sizing's floor counts neither as a backlog nor as arrivals left unserved, "
+            "tokens. Default 16384. Example: 32768"
         ),
     )
     scale_out_window_s: float = Field(

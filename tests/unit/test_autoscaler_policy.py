@@ -428,6 +428,26 @@ def test_arrivals_a_saturated_pool_leaves_waiting_count_as_demand_with_the_backl
     assert {r.desired_replicas for r in during} == {expected}, "the ask covered the backlog they will find"
 
 
+def test_prompts_in_flight_on_a_pool_within_its_targets_are_no_backlog() -> None:
+    """One replica serving 0.7 of its worth within every target reads one 8k-token document waiting:
+    prompts its ready replica holds within scale_out_prefill_tokens_per_replica (16384) are in flight,
+    and it stays at one. Counted as arrivals left unserved (533 tokens/s) plus the backlog they build
+    over a cold start (1,200/s), 0.87 of a replica's worth would ask for a second (ceil(0.87 / 0.75)):
+    it still does where TTFT is above its target, or more waits than the replica holds."""
+    p = policy(**SIZED)
+
+    def second(queued: int, **kw: Any) -> Recommendation:
+        scaler = PoolAutoscaler("chat", p)
+        serving = {**SERVING, **kw, "replicas": 1, "prompt_tokens_per_s": 7000.0}
+        scaler.update(sig(0, **serving))
+        return scaler.update(sig(STEP_S, prompt_tokens_queued=queued, **serving))
+
+    in_flight, hurried, beyond = second(8000), second(8000, ttft_p95_s=2.0), second(20000)
+    assert (in_flight.desired_replicas, in_flight.reason) == (1, HOLD)
+    assert (hurried.desired_replicas, hurried.reason) == (2, SCALE_OUT_TOKEN_RATE)
+    assert (beyond.desired_replicas, beyond.reason) == (2, SCALE_OUT_TOKEN_RATE)
+
+
 def test_resident_sequences_floor_for_decode() -> None:
     p = policy(decode_sequences_per_replica=32)
     rec = PoolAutoscaler("d", p).update(sig(0, role=Role.DECODE, resident_sequences=200))
