@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test lint typecheck unit bench clean compile uncompile
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -25,5 +25,15 @@ typecheck: $(STAMP)
 test: lint typecheck
 	$(VENV)/bin/pytest -q -n 2
 
-clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+# The request path as C extensions (setup.py); they take precedence over the sources beside them, so
+# `make uncompile` (or `make compile` again) after editing a compiled module.
+compile: $(STAMP)
+	$(PY) -m pip install -q 'setuptools>=77'
+	KVGATE_COMPILE=1 $(PY) setup.py build_ext --inplace
+
+uncompile:
+	find admission routing vocabulary gateway kvgate -name '*.so' -delete
+	rm -rf build
+
+clean: uncompile
+	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -76,7 +76,7 @@ class Pricer:
             return Refusal(401, RefusalReason.UNAUTHORIZED, "Incorrect API key provided.")
         request.tenant = tenant.name
         chat = request.endpoint == CHAT_PATH
-        batch = None if chat else batch_of(request.body)
+        batch: list[str] | list[list[int]] | None = None if chat else batch_of(request.body)
         work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)
         if isinstance(work, InvalidRequest):
             return _invalid(work)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import cast
 
 import httptools
+from mypy_extensions import mypyc_attr
 from yarl import URL
 
 _TARGET_CACHE_SIZE = 4096
@@ -41,10 +42,15 @@ _HIGH_WATER_BYTES = 256 * 1024
 Headers = list[tuple[bytes, bytes]]
 
 
+@mypyc_attr(native_class=False)
 class ReplicaHTTPError(Exception):
-    """A failure talking to a replica; ``gateway.errors.translate_upstream`` maps it for the client."""
+    """A failure talking to a replica; ``gateway.errors.translate_upstream`` maps it for the client.
+
+    These stay ordinary classes when the module is compiled (setup.py): ``ReplicaTimeout`` is also
+    a ``TimeoutError``, and a compiled class cannot have two built-in bases."""
 
 
+@mypyc_attr(native_class=False)
 class ReplicaConnectError(ReplicaHTTPError):
     """No connection could be opened."""
 
@@ -53,14 +59,17 @@ class ReplicaConnectError(ReplicaHTTPError):
         self.os_error = os_error
 
 
+@mypyc_attr(native_class=False)
 class ReplicaDisconnected(ReplicaHTTPError):
     """The replica closed the connection before its response was complete."""
 
 
+@mypyc_attr(native_class=False)
 class ReplicaProtocolError(ReplicaHTTPError):
     """The replica's answer was not valid HTTP/1.1."""
 
 
+@mypyc_attr(native_class=False)
 class ReplicaTimeout(ReplicaHTTPError, TimeoutError):
     """Connecting, the first byte or the next streamed chunk took longer than configured."""
 
