@@ -2,7 +2,7 @@
 
 Everything else about the package is in pyproject.toml; without the variable this adds nothing and
 kvgate stays pure Python, so an install needs no compiler. Compiled, the gateway's CPU per
-non-stream request falls by about a quarter (docs/gateway.md, *Compiled with mypyc*). It needs mypy
+non-stream request falls by about a fifth (docs/gateway.md, *Compiled with mypyc*). It needs mypy
 (the ``dev`` extra), gcc and the Python headers in the building environment:
 
     make compile          # in place, next to the sources; `make uncompile` removes them
