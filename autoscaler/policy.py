@@ -51,6 +51,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from autoscaler.signals import PoolSignals
 from config.autoscaler import AutoscalerConfig, PoolPolicy
@@ -177,15 +178,27 @@ def _prefill_per_replica(s: PoolSignals) -> float:
     return s.prompt_tokens_queued / max(1, s.replicas_ready)
 
 
+class _RateSample(NamedTuple):
+    """One settled sample of what the pool served and what waited."""
+
+    time_s: float
+    prompt_tokens_per_s: float
+    output_tokens_per_s: float
+    queued_tokens: int
+    """Prompt tokens waiting."""
+    backlog_tokens: int
+    """Of those, the ones that are a backlog (``_backlogged``)."""
+    unhurried: bool
+
+
 class PoolAutoscaler:
     """The policy for one pool: feed it samples in time order, read a recommendation per sample."""
 
     def __init__(self, pool: str, policy: PoolPolicy) -> None:
         self.pool = pool
         self.policy = policy
-        self._rates: deque[tuple[float, float, float, float, bool, float]] = deque()
-        """(time, prompt tokens/s, output tokens/s, prompt tokens waiting, unhurried, of those waiting
-        the backlog), since the last change took effect."""
+        self._rates: deque[_RateSample] = deque()
+        """Samples since the last change took effect, over the growth window."""
         self._out_since_s: float | None = None
         self._out_reason: str | None = None
         self._in_since_s: float | None = None
@@ -301,16 +314,16 @@ class PoolAutoscaler:
             self._in_since_s = s.time_s
         if self._settled_s is not None:
             self._rates.append(
-                (
+                _RateSample(
                     s.time_s,
                     s.prompt_tokens_per_s,
                     s.output_tokens_per_s,
                     s.prompt_tokens_queued,
-                    _unhurried(s, p),
                     _backlogged(s, p),
+                    _unhurried(s, p),
                 )
             )
-        while len(self._rates) > 2 and self._rates[1][0] <= s.time_s - p.growth_window_s:
+        while len(self._rates) > 2 and self._rates[1].time_s <= s.time_s - p.growth_window_s:
             self._rates.popleft()
         self._kv_in_use.append((s.time_s, s.kv_occupancy_ratio * s.replicas_ready))
         while self._kv_in_use[0][0] < s.time_s - p.scale_down_delay_s:
@@ -338,8 +351,13 @@ class PoolAutoscaler:
         if len(self._rates) < 2:
             return 0.0
         previous, last = self._rates[-2], self._rates[-1]
-        i = 5 if backlog else 3
-        return max(0.0, (last[i] - previous[i]) / (last[0] - previous[0])) if last[0] > previous[0] else 0.0
+        if last.time_s <= previous.time_s:
+            return 0.0
+        if backlog:
+            grown = last.backlog_tokens - previous.backlog_tokens
+        else:
+            grown = last.queued_tokens - previous.queued_tokens
+        return max(0.0, grown / (last.time_s - previous.time_s))
 
     def _projected_share(
         self, s: PoolSignals, unserved: float, backlog_tokens_per_s: float = 0.0, falling: bool = False
@@ -367,10 +385,12 @@ class PoolAutoscaler:
     def _share_growth(self, s: PoolSignals) -> float:
         """Replicas' worth of served work gained per second over the growth window's unhurried
         samples (0 until they span half of it)."""
-        rates = [r for r in self._rates if r[4]]
-        if len(rates) < 2 or rates[-1][0] - rates[0][0] < self.policy.growth_window_s / 2:
+        rates = [r for r in self._rates if r.unhurried]
+        if len(rates) < 2 or rates[-1].time_s - rates[0].time_s < self.policy.growth_window_s / 2:
             return 0.0
-        return _slope([(t, self._share(s, prompt, output) or 0.0) for t, prompt, output, *_ in rates])
+        return _slope(
+            [(r.time_s, self._share(s, r.prompt_tokens_per_s, r.output_tokens_per_s) or 0.0) for r in rates]
+        )
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
         p = self.policy
