@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--present-only",
-        default="",
+        type=_headrooms,
+        default=(),
         metavar="HEADROOMS",
         help="also follow the oracle's schedule at these headrooms (e.g. 0.85,0.6,0.4) with no lead: "
         "the bound of any scaler without foresight",
@@ -45,13 +46,25 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(table(result), flush=True)
         if args.present_only:
-            headrooms = [float(h) for h in args.present_only.split(",")]
-            bounds = present_only(name, headrooms, args.seed, progress=lambda line: print(line, flush=True))
+            bounds = present_only(
+                name, args.present_only, args.seed, progress=lambda line: print(line, flush=True)
+            )
             print(present_only_table(result, bounds), flush=True)
         if args.plots:
             print(f"  plot: {plot(result, Path(args.plots) / f'autoscale-lab-{name}.png')}", flush=True)
     print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
+
+
+def _headrooms(text: str) -> tuple[float, ...]:
+    """Comma-separated utilisations in (0, 1]."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"each headroom must be in (0, 1]: {text!r}")
+    return values
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from config.autoscaler import PoolPolicy
 from loadtest.autoscale_lab import oracle as oracle_mod
 from loadtest.autoscale_lab.loop import LabRun, LabSettings, Scaler, run
 from loadtest.autoscale_lab.scalers import Kvgate, follow, request_rate, utilization, waiting
-from loadtest.autoscale_lab.scenarios import BASE_MIX, CLASSES, SCENARIOS
+from loadtest.autoscale_lab.scenarios import BASE_MIX, CLASSES, SCENARIOS, Arrival
 from loadtest.routing_traces import FLEET_OVERRIDES, SLO_ITL_S, SLO_TTFT_S
 from loadtest.sim.profile import Profile, resolve_profile
 
@@ -85,6 +85,36 @@ def scalers(capacity: oracle_mod.Capacity, profile: Profile) -> dict[str, Callab
     }
 
 
+@dataclass(frozen=True, slots=True)
+class _Trace:
+    """One scenario's arrivals on one seed, the fleet they play on and the work they demand."""
+
+    profile: Profile
+    capacity: oracle_mod.Capacity
+    arrivals: Sequence[Arrival]
+    work: Sequence[float]
+    duration_s: float
+    seed: int
+
+    def settings(self, initial_replicas: int) -> LabSettings:
+        return LabSettings(
+            self.profile,
+            interval_s=INTERVAL_S,
+            initial_replicas=initial_replicas,
+            max_replicas=MAX_REPLICAS,
+            seed=self.seed,
+        )
+
+
+def _trace(name: str, seed: int) -> _Trace:
+    scenario = SCENARIOS[name]
+    profile = lab_profile()
+    capacity = oracle_mod.calibrate(profile)
+    arrivals = scenario.arrivals(seed)
+    work = oracle_mod.load(arrivals, capacity, scenario.duration_s)
+    return _Trace(profile, capacity, arrivals, work, scenario.duration_s, seed)
+
+
 def run_scenario(
     name: str,
     seed: int = SEED,
@@ -95,25 +125,18 @@ def run_scenario(
 ) -> ScenarioResult:
     """Every scaler of ``policies`` and the oracle through ``name``'s trace; ``oracle_headroom``
     fixes the oracle's headroom instead of searching for it."""
-    scenario = SCENARIOS[name]
-    profile = lab_profile()
-    capacity = oracle_mod.calibrate(profile)
-    arrivals = scenario.arrivals(seed)
-    work = oracle_mod.load(arrivals, capacity, scenario.duration_s)
+    trace = _trace(name, seed)
+    profile, capacity, arrivals, work = trace.profile, trace.capacity, trace.arrivals, trace.work
     lead_s = profile.cold_start_s + INTERVAL_S
     step_s = oracle_mod.WINDOW_S
-
-    def settings(initial: int) -> LabSettings:
-        return LabSettings(
-            profile, interval_s=INTERVAL_S, initial_replicas=initial, max_replicas=MAX_REPLICAS, seed=seed
-        )
+    settings = trace.settings
 
     oracle_runs: dict[tuple[int, ...], LabRun] = {}
 
     def play_schedule(plan: Sequence[int]) -> float:
         started = time.perf_counter()
         result = run(
-            arrivals, follow(plan, step_s, lead_s), settings(max(plan[:2])), scenario.duration_s, "oracle"
+            arrivals, follow(plan, step_s, lead_s), settings(max(plan[:2])), trace.duration_s, "oracle"
         )
         oracle_runs[tuple(plan)] = result
         progress(f"  {name:<10} oracle try   {_line(result, started)}")
@@ -133,7 +156,7 @@ def run_scenario(
     for policy_name in policies:
         scaler = Kvgate(kvgate_policy) if policy_name == "kvgate" and kvgate_policy else makers[policy_name]()
         started = time.perf_counter()
-        result = run(arrivals, scaler, settings(initial), scenario.duration_s, policy_name)
+        result = run(arrivals, scaler, settings(initial), trace.duration_s, policy_name)
         runs[policy_name] = result
         if isinstance(scaler, Kvgate):
             reasons = tuple(scaler.reasons)
@@ -163,24 +186,17 @@ def present_only(
     sees arrivals only as they come, through signals that lag them), so what it cannot reach at a
     given cost no reactive policy reaches: the bound of a target such as 99 % of the oracle's good
     at 1.25x its replica-seconds, where a step of demand comes within a cold start."""
-    scenario = SCENARIOS[name]
-    profile = lab_profile()
-    capacity = oracle_mod.calibrate(profile)
-    arrivals = scenario.arrivals(seed)
-    work = oracle_mod.load(arrivals, capacity, scenario.duration_s)
+    trace = _trace(name, seed)
     out: list[PresentOnly] = []
     for headroom in headrooms:
-        plan = oracle_mod.schedule(work, headroom, 1, MAX_REPLICAS)
-        settings = LabSettings(
-            profile,
-            interval_s=INTERVAL_S,
-            initial_replicas=max(plan[:2]),
-            max_replicas=MAX_REPLICAS,
-            seed=seed,
-        )
+        plan = oracle_mod.schedule(trace.work, headroom, 1, MAX_REPLICAS)
         started = time.perf_counter()
         result = run(
-            arrivals, follow(plan, oracle_mod.WINDOW_S, 0.0), settings, scenario.duration_s, "present"
+            trace.arrivals,
+            follow(plan, oracle_mod.WINDOW_S, 0.0),
+            trace.settings(max(plan[:2])),
+            trace.duration_s,
+            "present",
         )
         out.append(PresentOnly(headroom, result))
         progress(f"  {name:<10} present {headroom:.2f} {_line(result, started)}")
