@@ -213,9 +213,12 @@ async def drive_at_rate(
     return Result(latencies, loop.time() - start)
 
 
-def _spawn(args: list[str], wrapper: list[str] | None = None) -> subprocess.Popen[str]:
+def _spawn(
+    args: list[str], wrapper: list[str] | None = None, cwd: Path | None = None
+) -> subprocess.Popen[str]:
+    """A child of this module; from ``cwd``'s checkout when given (``-m`` puts it first on the path)."""
     command = [*(wrapper or []), sys.executable, "-m", "loadtest.bench_proxy", *args]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=cwd)
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("ready"):
@@ -646,6 +649,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--peer-bin-dir", type=Path, help="where the routers' scripts are (with --peers)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per target (with --peers)")
+    parser.add_argument(
+        "--kvgate-from",
+        metavar="NAME=DIR",
+        action="append",
+        default=[],
+        help="with --peers, also a gateway run from the checkout DIR (another commit, a compiled "
+        "build), named NAME; repeatable",
+    )
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--gateway", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -11,7 +11,11 @@ concurrency from this driver. The table gives each target's median over the roun
 to ``vllm:round_robin``'s in the same run.
 
     python -m loadtest.bench_proxy --peers all [--rounds 3] [--requests 4000] [--streams 600]
-        [--peer-bin-dir /path/to/venv/bin]
+        [--peer-bin-dir /path/to/venv/bin] [--kvgate-from NAME=DIR ...]
+
+``--kvgate-from compiled=../kvgate-compiled`` adds a gateway run from another checkout (a compiled
+build, another commit) to the same rotation, with the same configuration: a change's cost measured
+alternately with the code before it and the routers, on the same backends.
 
 The pace rides in the prompt, not in a header: sglang-router forwards neither unknown headers nor
 unknown body fields, and its streams would otherwise come back to back.
@@ -25,6 +29,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -108,22 +113,46 @@ def print_table(targets: Sequence[Target], concurrency: int) -> None:
             print(f"{name:<36}{target.name:<22}{spread:>22}{ratio:>30}")
 
 
+def kvgate_checkouts(specs: Sequence[str]) -> list[tuple[str, Path | None]]:
+    """The gateways to run: this checkout's as ``kvgate``, then each ``NAME=DIR`` of
+    ``--kvgate-from``. A DIR that holds no checkout is refused here, not after the backends start."""
+    gateways: list[tuple[str, Path | None]] = [("kvgate", None)]
+    for spec in specs:
+        name, sep, directory = spec.partition("=")
+        path = Path(directory)
+        if not sep or not name or not (path / "gateway" / "server.py").is_file():
+            raise ValueError(f"--kvgate-from {spec!r}: want NAME=DIR, DIR a kvgate checkout")
+        if name in (existing for existing, _ in gateways):
+            raise ValueError(f"--kvgate-from {spec!r}: {name} is named twice")
+        gateways.append((name, path.resolve()))
+    return gateways
+
+
 async def compare(args: argparse.Namespace) -> int:
     """The comparison ``python -m loadtest.bench_proxy --peers NAMES`` runs."""
     chosen = peers.select(args.peers)
-    first_port = free_ports(6 + 2 * len(chosen))
+    try:
+        gateways = kvgate_checkouts(args.kvgate_from)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    first_port = free_ports(5 + len(gateways) + 2 * len(chosen))
     backend_ports = list(range(first_port, first_port + 4))
-    gateway_port = first_port + 4
+    peer_port = first_port + 4 + len(gateways)
     processes: list[subprocess.Popen[str]] = []
     peer_processes: list[subprocess.Popen[bytes]] = []
     try:
         processes.append(_spawn(["--backend", ",".join(map(str, backend_ports))]))
-        gateway = _spawn(["--gateway", _gateway_config(backend_ports, gateway_port)])
-        processes.append(gateway)
-        targets = [Target("kvgate", f"http://127.0.0.1:{gateway_port}", psutil.Process(gateway.pid))]
+        targets: list[Target] = []
+        for offset, (name, checkout) in enumerate(gateways):
+            gateway_port = first_port + 4 + offset
+            gateway = _spawn(["--gateway", _gateway_config(backend_ports, gateway_port)], cwd=checkout)
+            processes.append(gateway)
+            targets.append(Target(name, f"http://127.0.0.1:{gateway_port}", psutil.Process(gateway.pid)))
         urls = [f"http://127.0.0.1:{port}" for port in backend_ports]
         async with aiohttp.ClientSession() as session:
-            await wait_until_ok(session, targets[0].url + "/readyz")
+            for target in targets:
+                await wait_until_ok(session, target.url + "/readyz")
             for index, peer in enumerate(chosen):
                 binary = peers.locate(peer.program, args.peer_bin_dir)
                 if binary is None:
@@ -132,7 +161,7 @@ async def compare(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                     )
                     return 2
-                port = gateway_port + 1 + 2 * index
+                port = peer_port + 2 * index
                 proc = subprocess.Popen(
                     peer.command(binary, urls, port, port + 1),
                     stdout=subprocess.DEVNULL,

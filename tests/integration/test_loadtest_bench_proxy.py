@@ -3,6 +3,8 @@ own processes, every part timed, the report written over an old one whose one-of
 
 from pathlib import Path
 
+import pytest
+
 from loadtest.bench_proxy import main
 from loadtest.bench_report import ONE_OFF_HEADING
 
@@ -20,3 +22,24 @@ def test_report_measures_every_part_and_keeps_the_one_off_section(tmp_path: Path
         assert row in text
     for part in ("kvgate, json", "kvgate, text (logfmt) |", "sampled: four SDK spans |", "sampled out"):
         assert part in text
+
+
+def test_peers_rotation_takes_a_gateway_from_another_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    checkout = Path(__file__).resolve().parents[2]
+    sizes = ["--concurrency", "2", "--requests", "6", "--streams", "2", "--rounds", "1"]
+    assert main([*sizes, "--peers", "none", "--kvgate-from", f"other={checkout}"]) == 0
+    table = capsys.readouterr().out.split("router CPU per request")[1]
+    for workload in ("non-stream", "back to back", "5 ms apart"):
+        rows = [line.split() for line in table.splitlines() if workload in line]
+        assert [row[-4] for row in rows] == ["kvgate", "other"]
+
+
+def test_peers_rotation_refuses_a_directory_that_holds_no_checkout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--peers", "none", "--kvgate-from", f"other={tmp_path}"]) == 2
+    assert "DIR a kvgate checkout" in capsys.readouterr().err
+    assert main(["--peers", "none", "--kvgate-from", "kvgate=."]) == 2
+    assert "named twice" in capsys.readouterr().err
