@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -18,11 +17,6 @@ from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
 from vocabulary.replica import ReplicaLoad
 
 MODEL = DEFAULT_MODEL
-
-
-def compiled(module: ModuleType) -> bool:
-    """Whether ``module`` was imported from a C extension of ``make compile`` rather than its source."""
-    return not str(module.__file__).endswith(".py")
 
 
 def gateway_config(urls: Sequence[str], **sections: Any) -> GatewayConfig:

@@ -14,7 +14,8 @@ import gateway.proxy
 from gateway.server import running_gateway
 from loadtest.ports import free_ports
 from loadtest.sim.fleet import SimFleet
-from tests.integration.conftest import MODEL, assert_idle, compiled, eventually, gateway_config
+from tests.compiled import compiled
+from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 
 def openai_error(response: httpx.Response, status: int) -> dict[str, Any]:

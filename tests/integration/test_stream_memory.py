@@ -14,7 +14,8 @@ import gateway.relay
 from gateway.server import running_gateway
 from loadtest.paced_backend import ITL_HEADER, PacedBackend
 from loadtest.ports import free_ports
-from tests.integration.conftest import MODEL, assert_idle, compiled, gateway_config
+from tests.compiled import compiled
+from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 TOKENS = 3000
 READ_BEFORE_LOOKING = 1500
