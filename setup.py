@@ -6,7 +6,8 @@ non-stream request falls by about a fifth (docs/gateway.md, *Compiled with mypyc
 (the ``dev`` extra), gcc and the Python headers in the building environment:
 
     make compile          # in place, next to the sources; `make uncompile` removes them
-    KVGATE_COMPILE=1 pip wheel --no-build-isolation --no-deps .
+    make test-compiled    # the suite against them
+    KVGATE_COMPILE=1 pip wheel --no-build-isolation --no-deps .    # what the Dockerfile builds
 
 Three modules stay interpreted: ``gateway/http_protocol.py``, whose protocol class is subclassed per
 server (a compiled method refuses that subclass as ``self``); ``gateway/errors.py``, whose error

@@ -631,6 +631,22 @@ def test_dockerfile_builds_a_slim_non_root_kvgate_image() -> None:
         assert package in copied and package in allowed, package
 
 
+def test_the_image_runs_the_compiled_request_path_unless_told_otherwise() -> None:
+    """The build stage compiles the modules setup.py lists (``KVGATE_COMPILE`` defaults to 1) on an
+    image with a compiler, and the runtime stage is still the slim one."""
+    instructions = _dockerfile_instructions()
+    stages = [v for k, v in instructions if k == "FROM"]
+    assert stages[0].startswith("${BUILD_IMAGE}") and stages[-1].startswith("${PYTHON_IMAGE}")
+    args = {v.split("=")[0]: v.split("=", 1)[1] for k, v in instructions if k == "ARG" and "=" in v}
+    assert args["KVGATE_COMPILE"] == "1"
+    assert args["BUILD_IMAGE"].startswith("python:3.11-") and "slim" not in args["BUILD_IMAGE"]
+    build = " ".join(v for k, v in instructions if k == "RUN" and "pip wheel" in v)
+    assert 'KVGATE_COMPILE="${KVGATE_COMPILE}"' in build and "--no-build-isolation" in build
+    copied = " ".join(v for k, v in instructions if k == "COPY")
+    assert "setup.py" in copied
+    assert "!setup.py" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
 _OFFLINE_TOKENISER = """
 import socket
 
