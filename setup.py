@@ -44,6 +44,7 @@ COMPILED_GATEWAY = (
     "proxy",
     "relay",
     "replica_http",
+    "request_edge",
     "sliding_windows",
     "state",
     "upstream",

@@ -43,10 +43,10 @@ from gateway.errors import (
 )
 from gateway.forwarding import REQUEST_ID_HEADER, new_request_id, scan_headers, upstream_headers
 from gateway.handoff import Handoff
-from gateway.http_protocol import REQUEST_EDGE, RequestEdge, send_whole
 from gateway.pricing import Uncounted
 from gateway.relay import Relay
 from gateway.replica_http import ReplicaClient
+from gateway.request_edge import REQUEST_EDGE, RequestEdge, send_whole
 from gateway.state import GatewayState, ProxyRequest
 from vocabulary.replica import Role
 

@@ -35,9 +35,9 @@ from gateway.errors import BadGateway, GatewayError, translate_upstream, upstrea
 from gateway.fleet import Fleet
 from gateway.forwarding import NOT_RELAYED, SET_COOKIE, relay_headers
 from gateway.handoff import handoff_params, prefill_body
-from gateway.http_protocol import send_whole
 from gateway.metrics import GatewayMetrics
 from gateway.replica_http import ReplicaClient, ReplicaResponse
+from gateway.request_edge import send_whole
 from gateway.state import ProxyRequest, ReplicaState
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from vocabulary.replica import Role, ScrapedMetrics
 
 if TYPE_CHECKING:
     from gateway.errors import GatewayError
-    from gateway.http_protocol import RequestEdge
+    from gateway.request_edge import RequestEdge
     from gateway.tracing import RequestTrace
 
 
