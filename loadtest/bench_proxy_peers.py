@@ -115,15 +115,16 @@ def print_table(targets: Sequence[Target], concurrency: int) -> None:
 
 def kvgate_checkouts(specs: Sequence[str]) -> list[tuple[str, Path | None]]:
     """The gateways to run: this checkout's as ``kvgate``, then each ``NAME=DIR`` of
-    ``--kvgate-from``. A DIR that holds no checkout is refused here, not after the backends start."""
+    ``--kvgate-from``. A DIR that holds no checkout, or a NAME another target has (the baseline's
+    above all, whose figures every ratio divides by), is refused here, before anything starts."""
     gateways: list[tuple[str, Path | None]] = [("kvgate", None)]
     for spec in specs:
         name, sep, directory = spec.partition("=")
         path = Path(directory)
         if not sep or not name or not (path / "gateway" / "server.py").is_file():
             raise ValueError(f"--kvgate-from {spec!r}: want NAME=DIR, DIR a kvgate checkout")
-        if name in (existing for existing, _ in gateways):
-            raise ValueError(f"--kvgate-from {spec!r}: {name} is named twice")
+        if name in {existing for existing, _ in gateways} | {peer.name for peer in peers.PEERS}:
+            raise ValueError(f"--kvgate-from {spec!r}: {name} already names a target")
         gateways.append((name, path.resolve()))
     return gateways
 

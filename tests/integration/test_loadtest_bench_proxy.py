@@ -41,5 +41,7 @@ def test_peers_rotation_refuses_a_directory_that_holds_no_checkout(
 ) -> None:
     assert main(["--peers", "none", "--kvgate-from", f"other={tmp_path}"]) == 2
     assert "DIR a kvgate checkout" in capsys.readouterr().err
-    assert main(["--peers", "none", "--kvgate-from", "kvgate=."]) == 2
-    assert "named twice" in capsys.readouterr().err
+    checkout = Path(__file__).resolve().parents[2]
+    for taken in ("kvgate", "vllm:round_robin"):
+        assert main(["--peers", "none", "--kvgate-from", f"{taken}={checkout}"]) == 2
+        assert "already names a target" in capsys.readouterr().err
