@@ -18,14 +18,7 @@ ENV PIP_NO_CACHE_DIR=1 \
     PIP_ROOT_USER_ACTION=ignore
 WORKDIR /src
 COPY pyproject.toml setup.py README.md LICENSE ./
-COPY admission/ admission/
-COPY autoscaler/ autoscaler/
-COPY config/ config/
-COPY gateway/ gateway/
 COPY kvgate/ kvgate/
-COPY loadtest/ loadtest/
-COPY routing/ routing/
-COPY vocabulary/ vocabulary/
 # mypyc type-checks what it compiles, so the build's virtualenv holds kvgate's dependencies and mypy.
 RUN python -m venv /opt/build \
     && /opt/build/bin/pip install --only-binary=:all: "setuptools>=77" wheel "mypy>=1.10" types-PyYAML \
@@ -58,8 +51,8 @@ ENV PATH=/opt/kvgate/bin:$PATH \
 USER ${KVGATE_UID}:${KVGATE_UID}
 # The tokeniser data is in the image: loading it with the network cut off proves nothing is fetched.
 # RUN --network (BuildKit, Docker's default builder since 23.0) runs this step without a network.
-RUN --network=none python -c "from admission.counting import tokenizer_for; from config.schema import TiktokenTokenizer; assert tokenizer_for(TiktokenTokenizer()).count('kvgate') > 0" \
-    && kvgate config check "$(python -c 'import config, pathlib; print(pathlib.Path(config.__file__).parent / "examples" / "kubernetes.yaml")')"
+RUN --network=none python -c "from kvgate.admission.counting import tokenizer_for; from kvgate.config.schema import TiktokenTokenizer; assert tokenizer_for(TiktokenTokenizer()).count('kvgate') > 0" \
+    && kvgate config check "$(python -c 'import kvgate.config as config, pathlib; print(pathlib.Path(config.__file__).parent / "examples" / "kubernetes.yaml")')"
 EXPOSE 8080
 ENTRYPOINT ["kvgate"]
 CMD ["serve", "--config", "/etc/kvgate/kvgate.yaml"]

@@ -36,7 +36,7 @@ test-compiled: compile
 	$(VENV)/bin/pytest -q -n 2
 
 uncompile:
-	find admission routing vocabulary gateway kvgate -name '*.so' -delete
+	find kvgate -name '*.so' -delete
 	rm -rf build
 
 clean: uncompile

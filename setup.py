@@ -9,10 +9,10 @@ non-stream request falls by about a fifth (docs/gateway.md, *Compiled with mypyc
     make test-compiled    # the suite against them
     KVGATE_COMPILE=1 pip wheel --no-build-isolation --no-deps .    # what the Dockerfile builds
 
-Three modules stay interpreted: ``gateway/http_protocol.py``, whose protocol class is subclassed per
-server (a compiled method refuses that subclass as ``self``); ``gateway/errors.py``, whose error
-classes set their status and type as class attributes that compiled subclasses do not carry; and
-``vocabulary/value.py``, since ``dataclass_transform`` cannot mark a compiled function.
+Three modules stay interpreted: ``kvgate/gateway/edge/http_protocol.py``, whose protocol class is subclassed
+per server (a compiled method refuses that subclass as ``self``); ``kvgate/gateway/edge/errors.py``, whose
+error classes set their status and type as class attributes that compiled subclasses do not carry; and
+``kvgate/vocabulary/value.py``, since ``dataclass_transform`` cannot mark a compiled function.
 """
 
 from __future__ import annotations
@@ -24,39 +24,39 @@ from setuptools import setup
 
 ROOT = Path(__file__).parent
 
-COMPILED_PACKAGES = ("admission", "routing", "routing/policies", "vocabulary")
-"""Every module of these (but ``__init__`` and ``vocabulary/value.py``)."""
+COMPILED_PACKAGES = ("kvgate/admission", "kvgate/routing", "kvgate/routing/policies", "kvgate/vocabulary")
+"""Every module of these (but ``__init__`` and ``kvgate/vocabulary/value.py``)."""
 
 COMPILED_GATEWAY = (
-    "accounting",
-    "access_log",
-    "collectors",
-    "decision_path",
-    "dispatcher",
-    "fleet",
-    "forwarding",
-    "handoff",
-    "leases",
-    "metrics",
-    "pool_work",
-    "pricing",
-    "prompt",
-    "proxy",
-    "relay",
-    "replica_http",
-    "request_edge",
-    "sliding_windows",
+    "request_path/accounting",
+    "telemetry/access_log",
+    "telemetry/collectors",
+    "request_path/decision_path",
+    "request_path/dispatcher",
+    "replicas/fleet",
+    "request_path/forwarding",
+    "request_path/handoff",
+    "request_path/leases",
+    "telemetry/metrics",
+    "telemetry/pool_work",
+    "request_path/pricing",
+    "request_path/prompt",
+    "request_path/proxy",
+    "request_path/relay",
+    "replicas/replica_http",
+    "edge/request_edge",
+    "telemetry/sliding_windows",
     "state",
-    "upstream",
-    "work",
+    "replicas/upstream",
+    "telemetry/work",
 )
 """The gateway's modules on a completion request's path, from parser to access-log line."""
 
-INTERPRETED = {"vocabulary/value.py"}
+INTERPRETED = {"kvgate/vocabulary/value.py"}
 
 
 def compiled_sources() -> list[str]:
-    sources = [f"gateway/{name}.py" for name in COMPILED_GATEWAY]
+    sources = [f"kvgate/gateway/{name}.py" for name in COMPILED_GATEWAY]
     for package in COMPILED_PACKAGES:
         for path in sorted((ROOT / package).glob("*.py")):
             relative = path.relative_to(ROOT).as_posix()

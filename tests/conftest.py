@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from loadtest.ports import free_ports
+from kvgate.sim.ports import free_ports
 
 
 def _answers(host: str, port: int) -> bool:

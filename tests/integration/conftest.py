@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from config.loader import parse_config
-from config.schema import GatewayConfig
-from gateway.server import RunningGateway
-from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
-from vocabulary.replica import ReplicaLoad
+from kvgate.config.loader import parse_config
+from kvgate.config.schema import GatewayConfig
+from kvgate.gateway.edge.server import RunningGateway
+from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
+from kvgate.vocabulary.replica import ReplicaLoad
 
 MODEL = DEFAULT_MODEL
 

@@ -16,7 +16,7 @@ import aiohttp
 import openai
 import orjson
 
-from loadtest.client import wait_until_ok
+from kvgate.loadtest.client import wait_until_ok
 
 KVGATE = str(Path(sys.executable).parent / "kvgate")
 WORK_GAUGES = (

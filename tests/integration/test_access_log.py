@@ -12,8 +12,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.server import running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.test_gateway_credentials import RecordingReplica, config_for
 

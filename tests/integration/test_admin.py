@@ -7,10 +7,10 @@ from typing import Any
 import aiohttp
 import httpx
 
-from gateway.scrape import Scraper
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
-from loadtest.sim.replica import SimReplica
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.gateway.replicas.scrape import Scraper
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.replica import SimReplica
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 

@@ -7,10 +7,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from config.loader import parse_config
-from gateway.admin import build_admin_app
-from gateway.server import running_gateway
-from gateway.state import GatewayState
+from kvgate.config.loader import parse_config
+from kvgate.gateway.edge.admin import build_admin_app
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.gateway.state import GatewayState
 from tests.integration.conftest import gateway_config
 
 TOKEN = "s3cret-admin-token"

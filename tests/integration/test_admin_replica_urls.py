@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from gateway.server import running_gateway
+from kvgate.gateway.edge.server import running_gateway
 from tests.integration.conftest import gateway_config
 
 REPLICA = "http://127.0.0.1:9"

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import openai
 
-from admission.tokenizer import TiktokenTokenizer
-from gateway.prompt import OFF_LOOP_TEXT_BYTES
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.admission.tokenizer import TiktokenTokenizer
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.gateway.request_path.prompt import OFF_LOOP_TEXT_BYTES
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 KV_CAPACITY_TOKENS = 4000

@@ -11,10 +11,10 @@ from typing import Any
 import aiohttp
 import httpx
 
-from autoscaler.policy import Recommendation
-from gateway.autoscale_actuators import SimActuator
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.autoscaler.actuators import SimActuator
+from kvgate.autoscaler.policy import Recommendation
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 TOKEN = "scale-token"

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 KV_CAPACITY_TOKENS = 4000

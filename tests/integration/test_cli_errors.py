@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import EXAMPLES_DIR
+from kvgate.config.loader import EXAMPLES_DIR
 from tests.integration.processes import KVGATE
 
 

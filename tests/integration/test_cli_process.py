@@ -14,13 +14,13 @@ from typing import Any
 import aiohttp
 import httpx
 
-from config.autoscaler import AutoscalerConfig
-from gateway.autoscale_actuators import LogActuator
-from gateway.autoscale_loop import GatewaySources, read_signals, run_loop
-from gateway.server import running_gateway
-from loadtest.client import wait_until_ok
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
+from kvgate.autoscaler.actuators import LogActuator
+from kvgate.autoscaler.loop import GatewaySources, read_signals, run_loop
+from kvgate.config.autoscaler import AutoscalerConfig
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.loadtest.client import wait_until_ok
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.processes import KVGATE, serving_process, stop
 
@@ -75,7 +75,9 @@ async def test_autoscale_reads_every_gateway_and_adds_their_work() -> None:
             out = io.StringIO()
             sources = GatewaySources(urls=(gw1.url,), dns_urls=(gw2.url,))
             assert await sources.resolve() == [gw1.url, gw2.url]
-            ran = await run_loop(session, sources, LogActuator(out), AutoscalerConfig(), iterations=1)
+            ran = await run_loop(
+                session, sources, LogActuator(out), AutoscalerConfig(), report=print, iterations=1
+            )
             assert ran == 1 and out.getvalue().startswith("pool=default desired=")
             for body in await asyncio.gather(*streams):
                 assert body.endswith(b"data: [DONE]\n\n")

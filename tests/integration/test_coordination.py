@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from admission.claims import ReplicaDemand, Share
-from gateway.coordination import RedisCoordinator
-from vocabulary.replica import ReplicaLoad
+from kvgate.admission.claims import ReplicaDemand, Share
+from kvgate.gateway.coordination.coordinator import RedisCoordinator
+from kvgate.vocabulary.replica import ReplicaLoad
 
 CAPACITY = Share(1000, 10)
 

@@ -23,14 +23,14 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from admission.claims import Share
-from gateway.coordination import claims_key
-from gateway.server import RunningGateway, running_gateway
-from gateway.state import GatewayState
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
+from kvgate.admission.claims import Share
+from kvgate.gateway.coordination.coordinator import claims_key
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.gateway.state import GatewayState
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
+from kvgate.vocabulary.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from vocabulary.replica import ReplicaLoad
 
 FAST_SYNC = {"interval_s": 0.05, "lease_s": 1.0}
 REQUEST = {"model": MODEL, "prompt": "x", "max_tokens": 2}

@@ -18,10 +18,10 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from admission.tokenizer import TiktokenTokenizer
-from gateway.coordination import claims_key
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.admission.tokenizer import TiktokenTokenizer
+from kvgate.gateway.coordination.coordinator import claims_key
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.processes import assert_process_idle
 

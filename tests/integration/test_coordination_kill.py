@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
-from admission.claims import Share
-from gateway.server import running_gateway
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
+from kvgate.admission.claims import Share
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.processes import serving_process, stop
 

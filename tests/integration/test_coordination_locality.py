@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.server import running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 PREFIXES = 6

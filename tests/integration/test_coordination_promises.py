@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 
-from admission.tokenizer import TiktokenTokenizer
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.admission.tokenizer import TiktokenTokenizer
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
+from kvgate.vocabulary.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from vocabulary.replica import ReplicaLoad
 
 PROMPT = "Tell a long story about a gateway and its replicas."
 PROMPT_TOKENS = TiktokenTokenizer.from_name().count(PROMPT)

@@ -16,8 +16,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
 from tests.integration.processes import assert_process_idle, sdk_traffic, serving_process, stop
 from tests.unit.test_deploy import OVERLAYS, base_gateway_config, queried_selectors, render, unmatched
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import httpx
 
-from config.loader import parse_config
-from config.schema import DnsReplicas, GatewayConfig
-from gateway.discovery import DnsDiscovery
-from gateway.server import running_gateway
-from gateway.state import GatewayState
-from loadtest.sim.fleet import SimFleet
+from kvgate.config.loader import parse_config
+from kvgate.config.schema import DnsReplicas, GatewayConfig
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.gateway.replicas.discovery import DnsDiscovery
+from kvgate.gateway.state import GatewayState
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 

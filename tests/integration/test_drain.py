@@ -18,10 +18,10 @@ import aiohttp
 import httpx
 import orjson
 
-from config.schema import GatewayConfig
-from gateway.server import RunningGateway, running_gateway
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
+from kvgate.config.schema import GatewayConfig
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
 from tests.integration import processes
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.processes import gauges

@@ -1,6 +1,7 @@
-"""The completion routes' POST taken straight from the parser (``gateway.http_protocol.HOT_PATHS``)
-against what uvicorn's own way does with the same request: the same answer, keep-alive, pipelining,
-``Expect: 100-continue`` and HTTP/1.0. Raw sockets, to send what each case needs byte for byte."""
+"""The completion routes' POST taken straight from the parser
+(``kvgate.gateway.edge.http_protocol.HOT_PATHS``) against what uvicorn's own way does with the same request:
+the same answer, keep-alive, pipelining, ``Expect: 100-continue`` and HTTP/1.0. Raw sockets, to send what each
+case needs byte for byte."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import asyncio
 
 import orjson
 
-from gateway.server import running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import assert_idle
 from tests.integration.test_edge_limits import (
     BOUND_S,

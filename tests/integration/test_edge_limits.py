@@ -14,9 +14,9 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from gateway.http_protocol import RESERVED_DESCRIPTORS, connection_cap, raise_descriptor_limit
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.http_protocol import RESERVED_DESCRIPTORS, connection_cap, raise_descriptor_limit
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 BOUND_S = 30.0

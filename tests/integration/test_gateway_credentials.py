@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import orjson
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 CLIENT_KEY = "sk-client-key"

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-import gateway.proxy
-from gateway.server import running_gateway
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.gateway.request_path import proxy
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
 from tests.compiled import compiled
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
@@ -223,7 +223,7 @@ async def test_replica_5xx_becomes_a_gateway_error() -> None:
             await assert_idle(gw)
 
 
-@pytest.mark.skipif(compiled(gateway.proxy), reason="a compiled Proxy refuses a relay put in its place")
+@pytest.mark.skipif(compiled(proxy), reason="a compiled Proxy refuses a relay put in its place")
 async def test_a_bug_behind_the_edge_is_an_openai_shaped_500_and_leaks_nothing(
     fleet: SimFleet, monkeypatch: Any
 ) -> None:

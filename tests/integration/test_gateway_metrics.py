@@ -13,10 +13,10 @@ import time
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
-from routing.health import HealthState
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.routing.health import HealthState
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 from tests.integration.test_admission_gateway import completion, config_for, small_fleet
 

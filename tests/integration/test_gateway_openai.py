@@ -5,8 +5,8 @@ from __future__ import annotations
 import openai
 import pytest
 
-from gateway.server import running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 

@@ -15,9 +15,9 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.schema import GatewayConfig
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.config.schema import GatewayConfig
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 CAPACITY = {"kv_capacity_tokens": 450000}

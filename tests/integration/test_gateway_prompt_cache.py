@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import aiohttp
 
-from admission.counting import template_for
-from admission.tokenizer import RUN_CHARS, TiktokenTokenizer
-from gateway.prompt import CACHED_PROMPTS, PromptEncoder, PromptTokens
-from routing.prefix_hash import block_hashes
+from kvgate.admission.counting import template_for
+from kvgate.admission.tokenizer import RUN_CHARS, TiktokenTokenizer
+from kvgate.gateway.request_path.prompt import CACHED_PROMPTS, PromptEncoder, PromptTokens
+from kvgate.routing.prefix_hash import block_hashes
 from tests.integration.conftest import MODEL, gateway_config
 
 

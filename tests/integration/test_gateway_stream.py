@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import uvicorn
 
-from gateway.app import Gateway
-from gateway.server import bind_socket, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.app import Gateway
+from kvgate.gateway.edge.server import bind_socket, running_gateway
+from kvgate.sim.fleet import SimFleet
+from kvgate.vocabulary.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from vocabulary.replica import ReplicaLoad
 
 
 def recorded(fleet: SimFleet, request_id: str) -> bytes:

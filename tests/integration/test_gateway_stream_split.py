@@ -13,7 +13,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from gateway.server import running_gateway
+from kvgate.gateway.edge.server import running_gateway
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 TOKENS = 5

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.prompt import PromptEncoder
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.gateway.request_path.prompt import PromptEncoder
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 UNIT = " the gateway counts every token"

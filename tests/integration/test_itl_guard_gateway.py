@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 ITL_SLO_S = 0.025

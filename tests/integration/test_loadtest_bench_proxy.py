@@ -1,12 +1,12 @@
-"""``python -m loadtest.bench_proxy --report``, cut to a few requests: backends and gateway as their
+"""``python -m bench.bench_proxy --report``, cut to a few requests: backends and gateway as their
 own processes, every part timed, the report written over an old one whose one-off section it keeps."""
 
 from pathlib import Path
 
 import pytest
 
-from loadtest.bench_proxy import main
-from loadtest.bench_report import ONE_OFF_HEADING
+from bench.bench_proxy import main
+from bench.bench_report import ONE_OFF_HEADING
 
 
 def test_report_measures_every_part_and_keeps_the_one_off_section(tmp_path: Path) -> None:

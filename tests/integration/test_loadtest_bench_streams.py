@@ -1,4 +1,4 @@
-"""``python -m loadtest.bench_streams``, cut to one small point: backends, gateway and drivers as
+"""``python -m bench.bench_streams``, cut to one small point: backends, gateway and drivers as
 their own processes, every stream relayed to its end, the gateway's work back to zero, the report
 and its plot written."""
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadtest.bench_streams import main, result_of, work_gauges
+from bench.bench_streams import main, result_of, work_gauges
 
 
 def test_a_small_point_relays_every_stream_and_leaves_no_work(tmp_path: Path) -> None:

@@ -13,15 +13,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from loadtest.cli import register
-from loadtest.ports import free_ports
+from kvgate.cli.loadtest import register
+from kvgate.sim.ports import free_ports
 
 
 @pytest.fixture
 def sim_url() -> Iterator[str]:
     port = free_ports()
     process = subprocess.Popen(
-        [sys.executable, "-m", "loadtest.sim", "--port", str(port), "--control-port", str(free_ports()),
+        [sys.executable, "-m", "kvgate", "sim", "--port", str(port), "--control-port", str(free_ports()),
          "--time-scale", "0.02", "--cold-start-s", "0"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from loadtest.client import Client, RetryPolicy
+from kvgate.loadtest.client import Client, RetryPolicy
 
 STREAM = (
     b'data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'

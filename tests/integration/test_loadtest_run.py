@@ -10,13 +10,13 @@ import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.server import running_gateway
-from loadtest.client import RetryPolicy
-from loadtest.compare import ratios, run_compare
-from loadtest.report import Slo, signal_series, summarize, write_report
-from loadtest.runner import RunOptions, Target, run
-from loadtest.sim.fleet import SimFleet
-from loadtest.workload import Trace, build_trace, load_workload, parse_workload, with_overrides
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.loadtest.client import RetryPolicy
+from kvgate.loadtest.compare import ratios, run_compare
+from kvgate.loadtest.report import Slo, signal_series, summarize, write_report
+from kvgate.loadtest.runner import RunOptions, Target, run
+from kvgate.loadtest.workload import Trace, build_trace, load_workload, parse_workload, with_overrides
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import assert_idle, gateway_config
 
 SMALL = {

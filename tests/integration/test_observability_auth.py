@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from gateway.server import running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import assert_idle, gateway_config
 
 ADMIN = "admin-token-1"

@@ -11,11 +11,11 @@ from typing import Any
 
 import httpx
 
-from admission.tokenizer import ChatTemplate, TiktokenTokenizer
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.admission.tokenizer import ChatTemplate, TiktokenTokenizer
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
+from kvgate.vocabulary.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from vocabulary.replica import ReplicaLoad
 
 MAX_MODEL_LEN = 2000
 DEFAULT_CAP = 50

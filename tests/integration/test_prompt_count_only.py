@@ -10,8 +10,8 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from config.schema import Model
-from gateway.prompt import PromptEncoder
+from kvgate.config.schema import Model
+from kvgate.gateway.request_path.prompt import PromptEncoder
 
 MODEL = "m"
 

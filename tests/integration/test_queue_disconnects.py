@@ -15,18 +15,18 @@ from typing import Any
 import httpx
 import pytest
 
-from admission.cost import CostEstimate
-from admission.decision import Refusal
-from config.schema import GatewayConfig
-from gateway.decision_path import DecisionPath
-from gateway.dispatcher import Route
-from gateway.metrics import GatewayMetrics
-from gateway.server import running_gateway
-from gateway.state import GatewayState, ProxyRequest
-from loadtest.sim.fleet import SimFleet
-from routing.health import Outcome
+from kvgate.admission.cost import CostEstimate
+from kvgate.admission.decision import Refusal
+from kvgate.config.schema import GatewayConfig
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.gateway.request_path.decision_path import DecisionPath
+from kvgate.gateway.request_path.dispatcher import Route
+from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
+from kvgate.routing.health import Outcome
+from kvgate.sim.fleet import SimFleet
+from kvgate.vocabulary.replica import ReplicaLoad
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
-from vocabulary.replica import ReplicaLoad
 
 KV_CAPACITY_TOKENS = 4000
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import uvloop
 
-from gateway.replica_http import (
+from kvgate.gateway.replicas.replica_http import (
     ReplicaClient,
     ReplicaConnectError,
     ReplicaDisconnected,

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 import httpx
 from aiohttp import web
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
-from routing.health import HealthState
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.routing.health import HealthState
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 RETRY_AFTER_S = 2

@@ -9,9 +9,9 @@ from typing import Any
 
 import httpx
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
-from routing.health import HealthState
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.routing.health import HealthState
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.test_gateway_errors import failing_replica
 

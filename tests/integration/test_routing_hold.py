@@ -17,8 +17,8 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.test_routing_prefix import prefix_counters
 

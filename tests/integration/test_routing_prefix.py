@@ -10,9 +10,9 @@ import asyncio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.server import running_gateway
-from loadtest.sim.fleet import SimFleet
-from loadtest.workload import Trace, build_trace, parse_workload
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.loadtest.workload import Trace, build_trace, parse_workload
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
 REPLICAS = 4

@@ -9,10 +9,10 @@ import time
 
 import httpx
 
-from gateway.server import RunningGateway, running_gateway
-from loadtest.sim.fleet import SimFleet
-from loadtest.sim.replica import SimReplica
-from routing.health import HealthState
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
+from kvgate.routing.health import HealthState
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.replica import SimReplica
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 WARMUP_S = 3.0

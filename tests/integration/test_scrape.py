@@ -8,9 +8,9 @@ import time
 
 import aiohttp
 
-from gateway.scrape import Scraper, parse_vllm_metrics, scraped_capacity_tokens
-from gateway.state import GatewayState
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.replicas.scrape import Scraper, parse_vllm_metrics, scraped_capacity_tokens
+from kvgate.gateway.state import GatewayState
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, eventually, gateway_config
 
 KV_CAPACITY_TOKENS = 20_000

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loadtest.ports import free_ports
-from loadtest.sim.fleet import SimFleet
+from kvgate.sim.fleet import SimFleet
+from kvgate.sim.ports import free_ports
 from tests.integration.conftest import MODEL
 from tests.integration.processes import assert_process_idle, sdk_traffic, serving_process, stop
 
@@ -25,5 +25,5 @@ async def test_kvgate_serve_on_uvloop_proxies_the_sdk_and_returns_to_idle(tmp_pa
         async with serving_process(tmp_path, config) as (url, process):
             await sdk_traffic(url, MODEL, chats=16, stream_tokens=20)
             await assert_process_idle(url)
-            # an idle gateway drains at once after the drain delay and exits 0 (gateway.server)
+            # an idle gateway drains at once after the drain delay and exits 0 (kvgate.gateway.edge.server)
             assert await stop(process) == 0

@@ -8,9 +8,9 @@ import gc
 
 import httpx
 
-from gateway.app import Gateway
-from gateway.server import DrainingServer, bind_socket, running_gateway, uvicorn_config
-from loadtest.sim.fleet import SimFleet
+from kvgate.gateway.edge.app import Gateway
+from kvgate.gateway.edge.server import DrainingServer, bind_socket, running_gateway, uvicorn_config
+from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, gateway_config
 
 

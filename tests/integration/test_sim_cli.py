@@ -1,4 +1,4 @@
-"""``python -m loadtest.sim`` as a process: it serves its replicas and stops cleanly on SIGTERM."""
+"""``python -m kvgate sim`` as a process: it serves its replicas and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import sys
 
 import aiohttp
 
-from loadtest.ports import free_ports
+from kvgate.sim.ports import free_ports
 
 
 async def test_standalone_simulator_serves_and_stops_on_sigterm() -> None:
     port, control = free_ports(2), free_ports()
     process = await asyncio.create_subprocess_exec(
         sys.executable,
-        *("-m", "loadtest.sim", "--replicas", "2", "--port", str(port), "--control-port", str(control)),
+        *("-m", "kvgate", "sim", "--replicas", "2", "--port", str(port), "--control-port", str(control)),
         *("--cold-start-s", "0", "--time-scale", "0", "--kv-capacity-tokens", "16000"),
         stdout=asyncio.subprocess.PIPE,
     )

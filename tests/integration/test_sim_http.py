@@ -12,7 +12,7 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
+from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
 
 MODEL = DEFAULT_MODEL
 SMALL = {"kv_capacity_tokens": 20_000, "max_num_seqs": 8, "warmup_s": 0}

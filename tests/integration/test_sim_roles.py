@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.sim.fleet import DEFAULT_MODEL, SimFleet
-from loadtest.sim.replica import SimReplica
+from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
+from kvgate.sim.replica import SimReplica
 
 SMALL = {"kv_capacity_tokens": 20_000, "max_num_seqs": 8, "warmup_s": 0}
 LONG_PROMPT = " word" * 6000

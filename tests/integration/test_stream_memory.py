@@ -10,10 +10,10 @@ import aiohttp
 import orjson
 import pytest
 
-import gateway.relay
-from gateway.server import running_gateway
-from loadtest.paced_backend import ITL_HEADER, PacedBackend
-from loadtest.ports import free_ports
+from bench.paced_backend import ITL_HEADER, PacedBackend
+from kvgate.gateway.edge.server import running_gateway
+from kvgate.gateway.request_path import relay as relay_module
+from kvgate.sim.ports import free_ports
 from tests.compiled import compiled
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 
@@ -23,14 +23,12 @@ ITL_MS = 1.0
 
 
 def relay_bytes(snapshot: tracemalloc.Snapshot) -> int:
-    """Bytes still held that gateway/relay.py allocated."""
-    relay = snapshot.filter_traces([tracemalloc.Filter(True, "*/gateway/relay.py")])
+    """Bytes still held that kvgate/gateway/request_path/relay.py allocated."""
+    relay = snapshot.filter_traces([tracemalloc.Filter(True, "*/gateway/request_path/relay.py")])
     return sum(stat.size for stat in relay.statistics("filename"))
 
 
-@pytest.mark.skipif(
-    compiled(gateway.relay), reason="tracemalloc needs a Python frame; compiled code has none"
-)
+@pytest.mark.skipif(compiled(relay_module), reason="tracemalloc needs a Python frame; compiled code has none")
 async def test_a_long_stream_holds_eight_bytes_a_token_for_its_gaps() -> None:
     port = free_ports(1)
     loop = asyncio.get_running_loop()

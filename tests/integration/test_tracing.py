@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from gateway.server import RunningGateway, running_gateway
+from kvgate.gateway.edge.server import RunningGateway, running_gateway
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 from tests.integration.test_gateway_credentials import RecordingReplica, config_for
 

@@ -20,12 +20,12 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from config.routing import RoutingConfig
-from routing.decision import RoutingDecision
-from routing.prefix_hash import BLOCK_SIZE_TOKENS, block_hashes
-from routing.request import RoutingRequest
-from routing.router import Router
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.config.routing import RoutingConfig
+from kvgate.routing.decision import RoutingDecision
+from kvgate.routing.prefix_hash import BLOCK_SIZE_TOKENS, block_hashes
+from kvgate.routing.request import RoutingRequest
+from kvgate.routing.router import Router
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 MODEL = "sim-model"
 

@@ -1,6 +1,6 @@
 """Autoscaling in closed loop on the simulator's engines: deterministic, and the oracle is a floor.
 
-``loadtest.autoscale_lab`` plays a seeded trace through a fleet of the simulator's ``Engine``s behind
+``bench.autoscale_lab`` plays a seeded trace through a fleet of the simulator's ``Engine``s behind
 kvgate's router and queue, resized every 15 s by a scaler, on one virtual clock, so every number is
 a function of the trace, the seed and the scaler. The ``small`` scenario is a 4x burst of a mix of
 chats, documents and generations over 4.5 minutes. Assertions compare scalers with each other and
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.autoscale_lab.compare import ScenarioResult, good_ratio, present_only, run_scenario
-from loadtest.autoscale_lab.measures import scenario_measures
-from loadtest.autoscale_lab.oracle import WINDOW_S
+from bench.autoscale_lab.compare import ScenarioResult, good_ratio, present_only, run_scenario
+from bench.autoscale_lab.measures import scenario_measures
+from bench.autoscale_lab.oracle import WINDOW_S
 
 
 @pytest.fixture(scope="module")

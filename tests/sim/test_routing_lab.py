@@ -1,9 +1,9 @@
 """Routing alone (no admission), replayed on the simulator's engines: each scorer earns its place.
 
-``loadtest.routing_lab`` plays one trace through the real router in front of the simulator's
+``bench.routing_lab`` plays one trace through the real router in front of the simulator's
 ``Engine``s (continuous batching, chunked prefill, prefix cache, preemption) on a virtual clock, so
 every number here is a deterministic function of the trace and the policy. The trace is the
-``below`` trace of ``loadtest.routing_traces`` at 18 requests/s for 40 s (shared system prompts,
+``below`` trace of ``bench.routing_traces`` at 18 requests/s for 40 s (shared system prompts,
 chats, long documents, long generations on four replicas of 50,000 KV tokens and 16 slots): about
 as much as the fleet carries, where routing, not shedding, decides who meets the SLO.
 Assertions compare policies, never wall-clock time.
@@ -16,10 +16,10 @@ from collections.abc import Mapping
 
 import pytest
 
-from config.routing import RoutingConfig
-from loadtest.routing_lab import LabResult, lab_requests, percentile, play, slot_seconds
-from loadtest.routing_traces import TRACES
-from loadtest.sim.profile import resolve_profile
+from bench.routing_lab import LabResult, lab_requests, percentile, play, slot_seconds
+from bench.routing_traces import TRACES
+from kvgate.config.routing import RoutingConfig
+from kvgate.sim.profile import resolve_profile
 
 TRACE = dataclasses.replace(TRACES["below"], rate_rps=18.0, duration_s=40.0)
 POLICIES: Mapping[str, RoutingConfig] = {

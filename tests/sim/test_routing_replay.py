@@ -11,9 +11,9 @@ from collections import Counter
 
 import pytest
 
-from config.routing import RoutingConfig
-from routing.ramp import ramp_weight
-from routing.request import RoutingRequest
+from kvgate.config.routing import RoutingConfig
+from kvgate.routing.ramp import ramp_weight
+from kvgate.routing.request import RoutingRequest
 from tests.sim.replay import (
     MODEL,
     ReplayResult,

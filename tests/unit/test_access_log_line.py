@@ -11,11 +11,11 @@ import orjson
 import pytest
 import structlog
 
-from config.schema import AccessLog as AccessLogConfig
-from gateway.access_log import AccessLog
-from gateway.errors import TooManyRequests
-from gateway.state import ProxyRequest, ReplicaState
-from vocabulary.replica import Role
+from kvgate.config.schema import AccessLog as AccessLogConfig
+from kvgate.gateway.edge.errors import TooManyRequests
+from kvgate.gateway.state import ProxyRequest, ReplicaState
+from kvgate.gateway.telemetry.access_log import AccessLog
+from kvgate.vocabulary.replica import Role
 
 
 def _request(**fields: object) -> ProxyRequest:

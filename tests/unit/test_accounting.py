@@ -7,13 +7,13 @@ import asyncio
 
 import pytest
 
-from admission.cost import CostEstimate
-from config.loader import parse_config
-from gateway.decision_path import DecisionPath
-from gateway.dispatcher import Route
-from gateway.metrics import GatewayMetrics
-from gateway.state import GatewayState, ProxyRequest
-from routing.health import Outcome
+from kvgate.admission.cost import CostEstimate
+from kvgate.config.loader import parse_config
+from kvgate.gateway.request_path.decision_path import DecisionPath
+from kvgate.gateway.request_path.dispatcher import Route
+from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
+from kvgate.routing.health import Outcome
 
 
 class Clock:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from admission.calibration import Calibration, OutputLengths
+from kvgate.admission.calibration import Calibration, OutputLengths
 
 
 def test_prompt_ratio_overall_and_smoothed() -> None:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from admission.claims import (
+from kvgate.admission.claims import (
     ClaimBook,
     Grant,
     ReplicaDemand,
@@ -20,8 +20,8 @@ from admission.claims import (
     spread,
     target,
 )
-from vocabulary.capacity import fits
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.vocabulary.capacity import fits
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 CAPACITY = Share(1200, 12)
 

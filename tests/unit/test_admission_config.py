@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from config import admission as section
-from config.admission import AdmissionConfig, ModelAdmissionConfig, TenantConfig
+from kvgate.config import admission as section
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig, TenantConfig
 
 
 def test_defaults_are_valid_and_frozen() -> None:

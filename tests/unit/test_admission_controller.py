@@ -5,15 +5,23 @@ from itertools import count
 
 import pytest
 
-from admission.controller import AdmissionController
-from admission.cost import CostEstimate
-from admission.decision import AdmissionRequest, Admit, Decision, Dispatch, Queue, Refusal, RefusalReason
-from admission.ledger import InMemoryLedger
-from admission.retry_after import ServiceRates
-from admission.tenants import Tenant
-from config.admission import AdmissionConfig, ModelAdmissionConfig, PriorityClass, TenantConfig
-from vocabulary.replica import ReplicaView, Role
-from vocabulary.snapshot import FleetSnapshot
+from kvgate.admission.controller import AdmissionController
+from kvgate.admission.cost import CostEstimate
+from kvgate.admission.decision import (
+    AdmissionRequest,
+    Admit,
+    Decision,
+    Dispatch,
+    Queue,
+    Refusal,
+    RefusalReason,
+)
+from kvgate.admission.ledger import InMemoryLedger
+from kvgate.admission.retry_after import ServiceRates
+from kvgate.admission.tenants import Tenant
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig, PriorityClass, TenantConfig
+from kvgate.vocabulary.replica import ReplicaView, Role
+from kvgate.vocabulary.snapshot import FleetSnapshot
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _ids = count(1)

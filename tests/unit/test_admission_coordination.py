@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from admission.coordination import CoordinationGate, CoordinationStatus, FailMode
-from admission.decision import RefusalReason
+from kvgate.admission.coordination_gate import CoordinationGate, CoordinationStatus, FailMode
+from kvgate.admission.decision import RefusalReason
 
 LEASE_S = 5.0
 NOW_S = 1000.0

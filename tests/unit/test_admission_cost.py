@@ -2,15 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from admission.cost import (
+from kvgate.admission.cost import (
     CostEstimate,
     InvalidRequest,
     estimate_cost,
     kv_bytes_per_token,
     requested_max_tokens,
 )
-from config.admission import AdmissionConfig, MaxTokensPolicy, ModelAdmissionConfig
-from config.schema import Architecture, Model
+from kvgate.config.admission import AdmissionConfig, MaxTokensPolicy, ModelAdmissionConfig
+from kvgate.config.schema import Architecture, Model
 
 STRICT = ModelAdmissionConfig(max_tokens_policy=MaxTokensPolicy.REJECT)
 CAPPED = ModelAdmissionConfig(default_max_tokens=512)

@@ -6,18 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from admission.counting import prompt_of, template_for, tokenizer_for
-from admission.tokenizer import BytesEstimateTokenizer, HuggingFaceTokenizer, TiktokenTokenizer, Tokenizer
-from admission.tokenizer import ChatTemplate as Template
-from config.schema import (
+from kvgate.admission.counting import prompt_of, template_for, tokenizer_for
+from kvgate.admission.tokenizer import (
+    BytesEstimateTokenizer,
+    HuggingFaceTokenizer,
+    TiktokenTokenizer,
+    Tokenizer,
+)
+from kvgate.admission.tokenizer import ChatTemplate as Template
+from kvgate.config.schema import (
     BytesTokenizer,
     ChatTemplate,
     ReplicaTokenizer,
 )
-from config.schema import (
+from kvgate.config.schema import (
     HuggingFaceTokenizer as HuggingFaceConfig,
 )
-from config.schema import TiktokenTokenizer as TiktokenConfig
+from kvgate.config.schema import TiktokenTokenizer as TiktokenConfig
 
 HAS_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
 

@@ -15,8 +15,8 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from admission.encode_job import EncodeJob
-from admission.tokenizer import (
+from kvgate.admission.encode_job import EncodeJob
+from kvgate.admission.tokenizer import (
     _LLAMA3_PATTERN,
     BytesEstimateTokenizer,
     TiktokenTokenizer,

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from admission.controller import AdmissionController
-from admission.itl_guard import MIN_OBSERVATIONS, ItlFit, ItlGuard
-from admission.ledger import InMemoryLedger
-from config.admission import AdmissionConfig, ModelAdmissionConfig
-from vocabulary.replica import ReplicaView, Role
+from kvgate.admission.controller import AdmissionController
+from kvgate.admission.itl_guard import MIN_OBSERVATIONS, ItlFit, ItlGuard
+from kvgate.admission.ledger import InMemoryLedger
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig
+from kvgate.vocabulary.replica import ReplicaView, Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 OTHER = "Qwen/Qwen2.5-7B-Instruct"

@@ -5,13 +5,13 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from admission.cost import CostEstimate
-from admission.ledger import InMemoryLedger
-from loadtest.sim.engine import Engine
-from loadtest.sim.profile import resolve_profile
-from routing.prefix_hash import block_hashes
-from vocabulary.capacity import fits_sharing
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.admission.cost import CostEstimate
+from kvgate.admission.ledger import InMemoryLedger
+from kvgate.routing.prefix_hash import block_hashes
+from kvgate.sim.engine import Engine
+from kvgate.sim.profile import resolve_profile
+from kvgate.vocabulary.capacity import fits_sharing
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 REPLICAS = ("r0", "r1", "r2")
 REQUEST_IDS = tuple(f"q{i}" for i in range(8))

@@ -1,5 +1,5 @@
 """Promises against spare capacity: with a TTFT objective, a Retry-After is booked only where new
-arrivals leave room for it (``admission.pressure``)."""
+arrivals leave room for it (``kvgate.admission.pressure``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from admission.decision import Admit, Refusal
-from admission.pressure import ArrivalPressure
-from config.admission import AdmissionConfig, ModelAdmissionConfig
+from kvgate.admission.decision import Admit, Refusal
+from kvgate.admission.pressure import ArrivalPressure
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig
 from tests.unit.test_admission_controller import MODEL
 from tests.unit.test_admission_promises import freq, full_fleet, refused
 

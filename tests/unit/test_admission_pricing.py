@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from admission.controller import AdmissionController
-from admission.cost import (
+from kvgate.admission.controller import AdmissionController
+from kvgate.admission.cost import (
     CostEstimate,
     InvalidRequest,
     Requested,
@@ -18,17 +18,17 @@ from admission.cost import (
     requested_max_tokens,
     requested_work,
 )
-from admission.counting import batch_of
-from admission.decision import AdmissionRequest, Admit, Refusal
-from admission.ledger import InMemoryLedger
-from admission.tenants import Tenant
-from config.admission import AdmissionConfig, ModelAdmissionConfig
-from config.schema import Model
-from routing.filters import Gate
-from routing.request import RoutingRequest
-from vocabulary.capacity import fits
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
-from vocabulary.snapshot import FleetSnapshot
+from kvgate.admission.counting import batch_of
+from kvgate.admission.decision import AdmissionRequest, Admit, Refusal
+from kvgate.admission.ledger import InMemoryLedger
+from kvgate.admission.tenants import Tenant
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig
+from kvgate.config.schema import Model
+from kvgate.routing.filters import Gate
+from kvgate.routing.request import RoutingRequest
+from kvgate.vocabulary.capacity import fits
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.vocabulary.snapshot import FleetSnapshot
 
 CHAT, COMPLETIONS = True, False
 FACTS = Model(name="m", max_model_len=1000, kv_bytes_per_token=1)

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from admission.cost import CostEstimate
-from admission.decision import AdmissionRequest, Admit, Queue, Refusal, RefusalReason
-from admission.promises import PromiseBook, fingerprint, request_key, retry_count
-from admission.tenants import Tenant
-from config.admission import AdmissionConfig, PriorityClass
+from kvgate.admission.cost import CostEstimate
+from kvgate.admission.decision import AdmissionRequest, Admit, Queue, Refusal, RefusalReason
+from kvgate.admission.promises import PromiseBook, fingerprint, request_key, retry_count
+from kvgate.admission.tenants import Tenant
+from kvgate.config.admission import AdmissionConfig, PriorityClass
 from tests.unit.test_admission_controller import MODEL, Fleet
 
 _ids = count(1)

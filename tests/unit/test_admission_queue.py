@@ -5,12 +5,12 @@ from itertools import count
 
 import pytest
 
-from admission.cost import CostEstimate
-from admission.decision import AdmissionRequest
-from admission.queue import Ahead, QueuedRequest, WaitQueue
-from admission.tenants import Tenant
-from config.admission import PriorityClass
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.admission.cost import CostEstimate
+from kvgate.admission.decision import AdmissionRequest
+from kvgate.admission.queue import Ahead, QueuedRequest, WaitQueue
+from kvgate.admission.tenants import Tenant
+from kvgate.config.admission import PriorityClass
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 SLOT = (
     ReplicaView(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from admission.rates import PREFILL_SAMPLE_MIN_TOKENS, with_first_token, with_stream_itl
-from admission.retry_after import ServiceRates
+from kvgate.admission.rates import PREFILL_SAMPLE_MIN_TOKENS, with_first_token, with_stream_itl
+from kvgate.admission.retry_after import ServiceRates
 
 START = ServiceRates(inter_token_s=0.03, prefill_tokens_per_s=8000.0)
 

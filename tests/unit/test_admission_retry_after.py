@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from admission.retry_after import (
+from kvgate.admission.retry_after import (
     Backlog,
     FleetDrain,
     ReplicaDrain,

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from admission.deadline import client_timeout_s
-from admission.tenants import Tenant, TenantDirectory, TokenBucket
-from config.admission import AdmissionConfig, DeadlineHeader, PriorityClass, TenantConfig
+from kvgate.admission.deadline import client_timeout_s
+from kvgate.admission.tenants import Tenant, TenantDirectory, TokenBucket
+from kvgate.config.admission import AdmissionConfig, DeadlineHeader, PriorityClass, TenantConfig
 
 TENANTS = (
     TenantConfig(name="search", api_keys=("sk-s1", "sk-s2"), weight=2.0, priority=PriorityClass.CRITICAL),

@@ -11,8 +11,8 @@ import orjson
 import urllib3
 from kubernetes import client
 
-from autoscaler.policy import Recommendation
-from gateway.autoscale_actuators import KubernetesActuator
+from kvgate.autoscaler.actuators import KubernetesActuator
+from kvgate.autoscaler.policy import Recommendation
 
 NAMESPACE = "inference"
 DEPLOYMENT = "vllm-decode"

@@ -6,18 +6,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoscaler.policy import SCALE_OUT_OCCUPANCY_ITL
-from config.autoscaler import AutoscalerConfig, PoolPolicy
-from gateway.autoscale_loop import (
-    GatewayRecommender,
-    load_autoscaler_config,
-    merge_signals,
-    register,
-    run_autoscale,
-)
-from gateway.command import CommandError
-from gateway.signals_window import pool_signals
+from kvgate.autoscaler.policy import SCALE_OUT_OCCUPANCY_ITL
+from kvgate.autoscaler.signals import merge_signals, pool_signals
 from kvgate.cli import main
+from kvgate.cli.autoscale import load_autoscaler_config, register, run_autoscale
+from kvgate.cli.command import CommandError
+from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
+from kvgate.gateway.telemetry.recommender import GatewayRecommender
 from tests.unit.test_metrics import MODEL, FakeClock, populated, samples, value
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from autoscaler.policy import (
+from kvgate.autoscaler.policy import (
     HOLD,
     HOLD_COLD_START,
     HOLD_STABILIZING,
@@ -28,9 +28,9 @@ from autoscaler.policy import (
     Recommendation,
     replicas_for_rate,
 )
-from autoscaler.signals import PoolSignals
-from config.autoscaler import AutoscalerConfig, PoolPolicy
-from vocabulary.replica import Role
+from kvgate.autoscaler.signals import PoolSignals
+from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
+from kvgate.vocabulary.replica import Role
 
 STEP_S = 15.0
 HOT: dict[str, Any] = {"kv_occupancy_ratio": 0.9, "ttft_p95_s": 2.0}

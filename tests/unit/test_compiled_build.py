@@ -9,7 +9,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ALWAYS_INTERPRETED = {"gateway/http_protocol.py", "gateway/errors.py", "vocabulary/value.py"}
+ALWAYS_INTERPRETED = {
+    "kvgate/gateway/edge/http_protocol.py",
+    "kvgate/gateway/edge/errors.py",
+    "kvgate/vocabulary/value.py",
+}
 
 
 def _constant(name: str) -> object:
@@ -25,7 +29,7 @@ def _constant(name: str) -> object:
 def test_every_module_the_compiled_build_names_exists() -> None:
     gateway = _constant("COMPILED_GATEWAY")
     assert isinstance(gateway, tuple) and gateway
-    missing = [name for name in gateway if not (ROOT / "gateway" / f"{name}.py").is_file()]
+    missing = [name for name in gateway if not (ROOT / "kvgate" / "gateway" / f"{name}.py").is_file()]
     assert missing == []
     packages = _constant("COMPILED_PACKAGES")
     assert isinstance(packages, tuple)
@@ -37,7 +41,7 @@ def test_the_modules_that_cannot_be_compiled_are_left_out() -> None:
     packages = _constant("COMPILED_PACKAGES")
     interpreted = _constant("INTERPRETED")
     assert isinstance(names, tuple) and isinstance(packages, tuple) and isinstance(interpreted, set)
-    named = {f"gateway/{name}.py" for name in names}
+    named = {f"kvgate/gateway/{name}.py" for name in names}
     swept = {
         path.relative_to(ROOT).as_posix() for package in packages for path in (ROOT / package).glob("*.py")
     }

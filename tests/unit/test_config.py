@@ -8,7 +8,14 @@ from typing import Any
 import pydantic
 import pytest
 
-from config.loader import EXAMPLES_DIR, ConfigError, apply_env_overrides, load_config, parse_config, unit_of
+from kvgate.config.loader import (
+    EXAMPLES_DIR,
+    ConfigError,
+    apply_env_overrides,
+    load_config,
+    parse_config,
+    unit_of,
+)
 
 MINIMAL: dict[str, Any] = {
     "models": [{"name": "m", "max_model_len": 8192, "kv_bytes_per_token": 131072}],
@@ -180,7 +187,7 @@ def test_units_come_from_field_names() -> None:
 
 
 def test_every_field_is_documented() -> None:
-    from config import schema
+    from kvgate.config import schema
 
     undocumented = [
         f"{model.__name__}.{name}"

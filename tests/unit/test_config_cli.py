@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from config.loader import EXAMPLES_DIR
 from kvgate.cli import build_parser, main
+from kvgate.config.loader import EXAMPLES_DIR
 
 
 def test_check_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:

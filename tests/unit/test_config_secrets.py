@@ -1,7 +1,7 @@
 """Secrets in the config: read from files (``*_file``) or the environment, and never printed.
 
 Secrets are ``server.admin_token``, ``server.observability_token``, ``coordination.redis_url``,
-``pools[].api_key`` and ``admission.tenants[].api_keys``. pydantic echoes each bad input in its
+``pools[].api_key`` and ``kvgate.admission.tenants[].api_keys``. pydantic echoes each bad input in its
 errors; the loader must not, wherever the secret sits (the bad field itself, a section a
 cross-field check rejects, the whole document, an unknown key, a YAML syntax error)."""
 
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from config.loader import ConfigError, load_config, parse_config
 from kvgate.cli import main
+from kvgate.config.loader import ConfigError, load_config, parse_config
 
 SECRETS = ("s3cret-admin", "s3cret-scrape", "hunter2", "sk-pool-s3cret", "sk-tenant-s3cret")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from config.loader import ConfigError, parse_config
-from config.urls import replica_base_url
+from kvgate.config.loader import ConfigError, parse_config
+from kvgate.config.urls import replica_base_url
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from gateway.coordination import error_kind
-from gateway.event_series import COORDINATION_ERROR_KINDS
+from kvgate.gateway.coordination.coordinator import error_kind
+from kvgate.gateway.telemetry.event_series import COORDINATION_ERROR_KINDS
 
 
 @pytest.mark.parametrize(

@@ -25,15 +25,15 @@ from typing import Any
 
 import orjson
 
-from admission.decision import Refusal
-from config.loader import parse_config
-from gateway.decision_path import DecisionPath
-from gateway.dispatcher import Route
-from gateway.errors import refusal_error
-from gateway.metrics import GatewayMetrics
-from gateway.state import GatewayState, ProxyRequest
-from gateway.work import FleetWork
-from routing.health import Outcome
+from kvgate.admission.decision import Refusal
+from kvgate.config.loader import parse_config
+from kvgate.gateway.edge.errors import refusal_error
+from kvgate.gateway.request_path.decision_path import DecisionPath
+from kvgate.gateway.request_path.dispatcher import Route
+from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
+from kvgate.gateway.telemetry.work import FleetWork
+from kvgate.routing.health import Outcome
 
 GOLDEN = Path(__file__).parent / "golden" / "decision_replay.json"
 REPLICAS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]

@@ -27,10 +27,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from config.autoscaler import AutoscalerConfig
-from config.loader import parse_config
-from config.schema import GatewayConfig
-from gateway.autoscale_loop import register
+from kvgate.cli.autoscale import register
+from kvgate.config.autoscaler import AutoscalerConfig
+from kvgate.config.loader import parse_config
+from kvgate.config.schema import GatewayConfig
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
@@ -656,9 +656,9 @@ def refuse(*args, **kwargs):
 socket.socket.connect = refuse
 socket.getaddrinfo = refuse
 import kvgate.cli
-import gateway.server
-from admission.counting import tokenizer_for
-from config.schema import TiktokenTokenizer
+import kvgate.gateway.edge.server
+from kvgate.admission.counting import tokenizer_for
+from kvgate.config.schema import TiktokenTokenizer
 print(tokenizer_for(TiktokenTokenizer()).count("kvgate counts tokens"))
 """
 

@@ -10,20 +10,20 @@ from typing import Any
 import orjson
 import pytest
 
-from admission.controller import AdmissionController
-from admission.cost import CostEstimate
-from admission.decision import AdmissionRequest, Refusal, RefusalReason
-from admission.disaggregation import handoff_candidates, prefill_cost
-from admission.ledger import InMemoryLedger
-from admission.tenants import Tenant
-from config.admission import AdmissionConfig
-from config.loader import ConfigError, parse_config
-from gateway.handoff import decode_body, prefill_body
-from gateway.state import ProxyRequest, ReplicaState, retries
+from kvgate.admission.controller import AdmissionController
+from kvgate.admission.cost import CostEstimate
+from kvgate.admission.decision import AdmissionRequest, Refusal, RefusalReason
+from kvgate.admission.disaggregation import handoff_candidates, prefill_cost
+from kvgate.admission.ledger import InMemoryLedger
+from kvgate.admission.tenants import Tenant
 from kvgate.cli import main
-from vocabulary.capacity import routable, takes_handoff
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
-from vocabulary.snapshot import FleetSnapshot
+from kvgate.config.admission import AdmissionConfig
+from kvgate.config.loader import ConfigError, parse_config
+from kvgate.gateway.request_path.handoff import decode_body, prefill_body
+from kvgate.gateway.state import ProxyRequest, ReplicaState, retries
+from kvgate.vocabulary.capacity import routable, takes_handoff
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.vocabulary.snapshot import FleetSnapshot
 
 MODEL = "m"
 COST = CostEstimate(MODEL, 1000, 2 * 500, 131072, 2)

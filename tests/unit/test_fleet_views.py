@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from admission.cost import CostEstimate
-from config.loader import parse_config
-from gateway.decision_path import DecisionPath
-from gateway.fleet import Fleet
-from gateway.metrics import GatewayMetrics
-from gateway.state import GatewayState
-from routing.health import Outcome
-from vocabulary.replica import ScrapedMetrics
+from kvgate.admission.cost import CostEstimate
+from kvgate.config.loader import parse_config
+from kvgate.gateway.replicas.fleet import Fleet
+from kvgate.gateway.request_path.decision_path import DecisionPath
+from kvgate.gateway.state import GatewayState
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
+from kvgate.routing.health import Outcome
+from kvgate.vocabulary.replica import ScrapedMetrics
 
 URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000"]
 

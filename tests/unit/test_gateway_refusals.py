@@ -2,7 +2,7 @@
 
 A ``no_replica`` refusal used to carry ``no_replica_retry_after_s`` as it was configured on the
 gateway's own paths (admission off, no replica taking an admitted request, a prompt a replica could
-not count) while admission's paths capped it: now each goes through ``admission.refusals`` and
+not count) while admission's paths capped it: now each goes through ``kvgate.admission.refusals`` and
 ``errors.refusal_error``, so the Retry-After a client sees is capped on every path.
 """
 
@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import asyncio
 
-from admission.decision import Refusal, RefusalReason
-from config.loader import parse_config
-from gateway.decision_path import DecisionPath
-from gateway.errors import ServiceUnavailable, TooManyRequests, refusal_error, upstream_status_error
-from gateway.metrics import GatewayMetrics
-from gateway.state import GatewayState, ProxyRequest
+from kvgate.admission.decision import Refusal, RefusalReason
+from kvgate.config.loader import parse_config
+from kvgate.gateway.edge.errors import (
+    ServiceUnavailable,
+    TooManyRequests,
+    refusal_error,
+    upstream_status_error,
+)
+from kvgate.gateway.request_path.decision_path import DecisionPath
+from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
 
 
 def test_a_refusal_renders_its_status_reason_and_retry_after_once() -> None:
-    from admission.retry_after import retry_after
+    from kvgate.admission.retry_after import retry_after
 
     refusal = Refusal(429, RefusalReason.QUEUE_FULL, "The admission queue is full.", retry_after(2.5, 60.0))
     error = refusal_error(refusal)

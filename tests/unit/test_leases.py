@@ -3,11 +3,11 @@ most ``RENEWALS_PER_TICK`` an upkeep, so ten thousand open streams never stall o
 
 from __future__ import annotations
 
-from admission.cost import CostEstimate
-from config.loader import parse_config
-from gateway.leases import RENEWALS_PER_TICK, Leases
-from gateway.metrics import GatewayMetrics
-from gateway.state import GatewayState, ProxyRequest
+from kvgate.admission.cost import CostEstimate
+from kvgate.config.loader import parse_config
+from kvgate.gateway.request_path.leases import RENEWALS_PER_TICK, Leases
+from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
 
 REPLICA = "http://10.0.0.1:8000"
 LEASE_S = 30.0

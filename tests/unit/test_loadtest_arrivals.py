@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from loadtest.arrivals import RateStep, arrival_offsets_s, rate_at, segments
+from kvgate.loadtest.arrivals import RateStep, arrival_offsets_s, rate_at, segments
 
 
 def test_same_seed_same_offsets() -> None:

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from loadtest.bench_autoscale.__main__ import main
-from loadtest.bench_autoscale.fluid_fleet import BURST
-from loadtest.bench_autoscale.model_mode import first_time, simulate
-from loadtest.bench_autoscale.scenario import MIN_REPLICAS
+from bench.bench_autoscale.__main__ import main
+from bench.bench_autoscale.fluid_fleet import BURST
+from bench.bench_autoscale.model_mode import first_time, simulate
+from bench.bench_autoscale.scenario import MIN_REPLICAS
 
 END_S = BURST[0] + 300.0
 

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from loadtest.client import RequestRecord, RetryPolicy, parse_retry_after_s, retry_wait_s, should_retry
+from kvgate.loadtest.client import RequestRecord, RetryPolicy, parse_retry_after_s, retry_wait_s, should_retry
 
 NOW_S = 1_700_000_000.0
 

@@ -3,12 +3,12 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.command import CommandError
-from loadtest.cli import register
-from loadtest.compare import order, ratios, slices
-from loadtest.report import Summary
-from loadtest.runner import Target
-from loadtest.workload import build_trace, load_workload, with_overrides
+from kvgate.cli.command import CommandError
+from kvgate.cli.loadtest import register
+from kvgate.loadtest.compare import order, ratios, slices
+from kvgate.loadtest.report import Summary
+from kvgate.loadtest.runner import Target
+from kvgate.loadtest.workload import build_trace, load_workload, with_overrides
 
 
 def test_slices_partition_the_trace_and_shift_to_zero() -> None:

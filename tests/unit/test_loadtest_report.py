@@ -2,9 +2,9 @@ import math
 
 import pytest
 
-from loadtest.client import RequestRecord
-from loadtest.report import Slo, class_table, percentile, signal_series, summarize, timeline
-from loadtest.runner import RunResult, SignalSample, Target
+from kvgate.loadtest.client import RequestRecord
+from kvgate.loadtest.report import Slo, class_table, percentile, signal_series, summarize, timeline
+from kvgate.loadtest.runner import RunResult, SignalSample, Target
 
 SLO = Slo(ttft_s=1.0, itl_s=0.05)
 

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from admission.tokenizer import TiktokenTokenizer
-from loadtest.workload import (
+from kvgate.admission.tokenizer import TiktokenTokenizer
+from kvgate.loadtest.workload import (
     PRESETS,
     Fixed,
     LogNormal,

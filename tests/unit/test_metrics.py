@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from admission.coordination import CoordinationStatus
-from gateway.errors import (
+from kvgate.admission.coordination_gate import CoordinationStatus
+from kvgate.gateway.edge.errors import (
     BadGateway,
     BadRequest,
     GatewayTimeout,
@@ -21,18 +21,24 @@ from gateway.errors import (
     TooManyRequests,
     Unauthorized,
 )
-from gateway.event_series import COUNTERS, HISTOGRAMS, ITL_BUCKETS_S, RETRY_OUTCOMES, UPSTREAM_ERROR_KINDS
-from gateway.metrics import GatewayMetrics
-from gateway.pool_work import ModelWork, PoolWork, ReplicaWork
-from gateway.replica_http import (
+from kvgate.gateway.replicas.replica_http import (
     ReplicaConnectError,
     ReplicaDisconnected,
     ReplicaProtocolError,
     ReplicaTimeout,
 )
-from gateway.state import ReplicaState, replica_name
-from gateway.state_gauges import COORDINATION_SERIES, INFO_GAUGES, PROMISE_OUTCOMES, WORK_GAUGES
-from vocabulary.replica import Role
+from kvgate.gateway.state import ReplicaState, replica_name
+from kvgate.gateway.telemetry.event_series import (
+    COUNTERS,
+    HISTOGRAMS,
+    ITL_BUCKETS_S,
+    RETRY_OUTCOMES,
+    UPSTREAM_ERROR_KINDS,
+)
+from kvgate.gateway.telemetry.gauges import COORDINATION_SERIES, INFO_GAUGES, PROMISE_OUTCOMES, WORK_GAUGES
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
+from kvgate.gateway.telemetry.pool_work import ModelWork, PoolWork, ReplicaWork
+from kvgate.vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -466,7 +472,7 @@ def test_queue_forecast_is_recorded_as_error_and_share_of_budget() -> None:
 
 
 def test_promise_outcomes_are_read_at_scrape_time() -> None:
-    from admission.promises import PromiseCounts
+    from kvgate.admission.promises import PromiseCounts
 
     counts = PromiseCounts()
     metrics = GatewayMetrics(clock=FakeClock())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import re
 
-from gateway.forwarding import new_request_id
+from kvgate.gateway.request_path.forwarding import new_request_id
 
 
 def test_ids_are_32_hex_digits_and_distinct_across_several_draws() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from config.loader import parse_config
 from kvgate.cli import main
+from kvgate.config.loader import parse_config
 from tests.unit.test_config import MINIMAL, problems_of
 
 

@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
-import gateway.pricing
-from config.loader import parse_config
-from gateway.decision_path import DecisionPath
-from gateway.metrics import GatewayMetrics
-from gateway.state import GatewayState, ProxyRequest
+from kvgate.config.loader import parse_config
+from kvgate.gateway.request_path import pricing
+from kvgate.gateway.request_path.decision_path import DecisionPath
+from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.gateway.telemetry.metrics import GatewayMetrics
 from tests.compiled import compiled
 
 
@@ -54,9 +54,7 @@ def traced_size_bytes(obj: object, snapshot: tracemalloc.Snapshot) -> int:
     return sum(trace.size for trace in snapshot.traces if trace.traceback == where)
 
 
-@pytest.mark.skipif(
-    compiled(gateway.pricing), reason="tracemalloc needs a Python frame; compiled code has none"
-)
+@pytest.mark.skipif(compiled(pricing), reason="tracemalloc needs a Python frame; compiled code has none")
 def test_a_rewritten_body_is_held_in_a_block_its_own_size() -> None:
     """The body is rewritten (a default output cap) and kept for the request's whole life, a
     stream's included: orjson's bytes sit in a 4 KiB block whatever their length."""

@@ -15,7 +15,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PURE_PACKAGES = ("vocabulary", "admission", "routing", "autoscaler")
+PURE_PACKAGES = ("kvgate/vocabulary", "kvgate/admission", "kvgate/routing", "kvgate/autoscaler")
+EDGES = frozenset({"kvgate/autoscaler/loop.py", "kvgate/autoscaler/actuators.py"})
+"""The autoscaling room's two edges: the loop that reads ``/signals`` and the actuators that resize a
+fleet. Everything else in the room, the policy and its inputs, is pure."""
 FORBIDDEN_MODULES = frozenset(
     {
         "fastapi",
@@ -36,7 +39,12 @@ TYPE_ONLY_MODULES = {"random": frozenset({"Random"})}
 
 
 def pure_modules() -> list[Path]:
-    return sorted(p for package in PURE_PACKAGES for p in (ROOT / package).rglob("*.py"))
+    return sorted(
+        p
+        for package in PURE_PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+        if p.relative_to(ROOT).as_posix() not in EDGES
+    )
 
 
 def violations(source: str) -> list[str]:
@@ -83,7 +91,8 @@ def _call_root(func: ast.expr) -> str | None:
 
 
 def test_the_pure_packages_exist() -> None:
-    assert (ROOT / "admission" / "controller.py").exists()
+    assert (ROOT / "kvgate" / "admission" / "controller.py").exists()
+    assert all((ROOT / edge).is_file() for edge in EDGES)
     assert len(pure_modules()) >= 5
 
 
@@ -118,7 +127,7 @@ def test_checker_catches(source: str) -> None:
     "source",
     [
         "import math",
-        "from admission.ledger import InMemoryLedger",
+        "from kvgate.admission.ledger import InMemoryLedger",
         "from . import time",
         "x = rng.random()",
         "import random\ndef f(rng: random.Random) -> float:\n    return rng.random()",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from routing.prefix_hash import BlockHasher, block_hashes
+from kvgate.routing.prefix_hash import BlockHasher, block_hashes
 
 
 @given(

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from config.routing import SCORER_NAMES, RoutingConfig
-from routing.scorers import SCORERS
+from kvgate.config.routing import SCORER_NAMES, RoutingConfig
+from kvgate.routing.scorers import SCORERS
 
 
 def test_defaults_are_valid_and_frozen() -> None:

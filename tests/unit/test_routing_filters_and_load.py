@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from config.routing import RoutingConfig
-from routing.filters import Gate
-from routing.load import load_ratios, within_bound
-from routing.request import RoutingRequest
-from routing.router import Router
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
+from kvgate.config.routing import RoutingConfig
+from kvgate.routing.filters import Gate
+from kvgate.routing.load import load_ratios, within_bound
+from kvgate.routing.request import RoutingRequest
+from kvgate.routing.router import Router
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
 
 MODEL = "m"
 REQUEST = RoutingRequest(MODEL, prompt_tokens=1_000, max_output_tokens=1_000)

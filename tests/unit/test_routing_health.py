@@ -2,7 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from routing.health import HealthRules, HealthState, HealthTracker, Outcome, ReplicaHealth, outcome_of_status
+from kvgate.routing.health import (
+    HealthRules,
+    HealthState,
+    HealthTracker,
+    Outcome,
+    ReplicaHealth,
+    outcome_of_status,
+)
 
 RULES = HealthRules(
     unhealthy_threshold=3,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from config.routing import RoutingConfig
-from routing.rendezvous import HomeRanking
-from routing.request import RoutingRequest
-from routing.router import Router
+from kvgate.config.routing import RoutingConfig
+from kvgate.routing.rendezvous import HomeRanking
+from kvgate.routing.request import RoutingRequest
+from kvgate.routing.router import Router
+from kvgate.vocabulary.replica import ReplicaView
 from tests.unit.test_routing_router import MODEL, view
-from vocabulary.replica import ReplicaView
 
 REPLICAS = ("a", "b", "c", "d")
 

@@ -3,8 +3,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from routing.prefix_hash import block_hashes
-from routing.prefix_index import PrefixIndex
+from kvgate.routing.prefix_hash import block_hashes
+from kvgate.routing.prefix_index import PrefixIndex
 
 
 def chain(prefix: int, blocks: int) -> list[int]:

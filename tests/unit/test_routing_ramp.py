@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from routing.ramp import Ramp, ramp_weight
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.routing.ramp import Ramp, ramp_weight
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 
 def view(replica_id: str, ready_since_s: float | None = 0.0, ttft_ewma_s: float | None = None) -> ReplicaView:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from config.routing import RoutingConfig
-from routing.retry_budget import RetryBudget
+from kvgate.config.routing import RoutingConfig
+from kvgate.routing.retry_budget import RetryBudget
 
 
 def test_retry_only_before_first_byte_and_within_max_retries() -> None:

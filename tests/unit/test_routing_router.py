@@ -4,10 +4,10 @@ import random
 from collections import Counter
 from dataclasses import replace
 
-from config.routing import RoutingConfig
-from routing.request import RoutingRequest
-from routing.router import Router
-from vocabulary.replica import ReplicaLoad, ReplicaView, Role
+from kvgate.config.routing import RoutingConfig
+from kvgate.routing.request import RoutingRequest
+from kvgate.routing.router import Router
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 MODEL = "m"
 SYSTEM_PROMPT = list(range(160))

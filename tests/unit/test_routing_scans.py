@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from routing.request import RoutingRequest
+from kvgate.routing.request import RoutingRequest
 from tests.unit.test_routing_homes import REPLICAS, idle_fleet, prompt, router
 from tests.unit.test_routing_router import MODEL, view
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from routing.turnover import WriteRates
+from kvgate.routing.turnover import WriteRates
 
 
 def test_a_replica_never_written_reads_zero() -> None:

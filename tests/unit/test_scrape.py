@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gateway.scrape import parse_vllm_metrics, scraped_capacity_tokens
-from vocabulary.replica import ScrapedMetrics
+from kvgate.gateway.replicas.scrape import parse_vllm_metrics, scraped_capacity_tokens
+from kvgate.vocabulary.replica import ScrapedMetrics
 
 LABELS = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.signals_window import pool_signals
+from kvgate.autoscaler.signals import pool_signals
+from kvgate.vocabulary.replica import Role
 from tests.unit.test_metrics import FakeClock, populated
-from vocabulary.replica import Role
 
 
 def test_snapshot_carries_work_latency_and_rates() -> None:

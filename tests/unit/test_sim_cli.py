@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from kvgate.cli import main
-from loadtest.sim.cli import register, run
+from kvgate.cli.sim import register, run
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:

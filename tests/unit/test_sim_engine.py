@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadtest.sim.engine import Engine, EngineRequest, natural_length_tokens
-from loadtest.sim.kv_cache import BlockPool
-from loadtest.sim.profile import PROFILES, resolve_profile
+from kvgate.sim.engine import Engine, EngineRequest, natural_length_tokens
+from kvgate.sim.kv_cache import BlockPool
+from kvgate.sim.profile import PROFILES, resolve_profile
 
 
 def _engine(**overrides: Any) -> Engine:

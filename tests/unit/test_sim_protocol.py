@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.sim.engine import Engine
-from loadtest.sim.metrics import render_metrics
-from loadtest.sim.profile import resolve_profile
-from loadtest.sim.protocol import ApiError, GenerationRequest, StreamTemplates, length_error, parse_generation
+from kvgate.sim.engine import Engine
+from kvgate.sim.metrics import render_metrics
+from kvgate.sim.profile import resolve_profile
+from kvgate.sim.protocol import ApiError, GenerationRequest, StreamTemplates, length_error, parse_generation
 
 MODEL = "m"
 

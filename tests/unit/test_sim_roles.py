@@ -8,12 +8,12 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from loadtest.sim.engine import Engine
-from loadtest.sim.metrics import render_metrics
-from loadtest.sim.profile import resolve_profile
-from loadtest.sim.protocol import ApiError, GenerationRequest, parse_generation
-from loadtest.sim.replica import parse_role
-from vocabulary.replica import Role
+from kvgate.sim.engine import Engine
+from kvgate.sim.metrics import render_metrics
+from kvgate.sim.profile import resolve_profile
+from kvgate.sim.protocol import ApiError, GenerationRequest, parse_generation
+from kvgate.sim.replica import parse_role
+from kvgate.vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -7,7 +7,13 @@ from collections import Counter
 
 import pytest
 
-from gateway.sliding_windows import BIN_UPPER_BOUNDS, CountWindow, LatencyWindow, ServedWindow, bin_counts
+from kvgate.gateway.telemetry.sliding_windows import (
+    BIN_UPPER_BOUNDS,
+    CountWindow,
+    LatencyWindow,
+    ServedWindow,
+    bin_counts,
+)
 
 
 def exact_quantile(values: list[float], q: float) -> float:

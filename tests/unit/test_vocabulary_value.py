@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from vocabulary.replica import ReplicaLoad
-from vocabulary.value import frozen_value
+from kvgate.vocabulary.replica import ReplicaLoad
+from kvgate.vocabulary.value import frozen_value
 
 
 @frozen_value
@@ -39,6 +39,8 @@ def test_the_type_checker_rejects_assigning_a_field(tmp_path: Path) -> None:
     from mypy import api
 
     program = tmp_path / "assign.py"
-    program.write_text("from vocabulary.replica import ReplicaLoad\nReplicaLoad().resident_sequences = 1\n")
+    program.write_text(
+        "from kvgate.vocabulary.replica import ReplicaLoad\nReplicaLoad().resident_sequences = 1\n"
+    )
     report, _, status = api.run(["--no-incremental", "--follow-imports=silent", str(program)])
     assert status == 1 and 'Property "resident_sequences" defined in "ReplicaLoad" is read-only' in report

@@ -1,0 +1,71 @@
+"""The command line of ``python -m bench.autoscale_lab`` (see the package's docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import bench.autoscale_lab as package
+from bench.autoscale_lab.compare import POLICIES, SEED, present_only, run_scenario
+from bench.autoscale_lab.measures import present_only_table, table
+from bench.autoscale_lab.plots import plot
+from bench.autoscale_lab.scenarios import FULL, SCENARIOS
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.autoscale_lab",
+        description=package.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--scenario", default="all", help=f"all, or some of {','.join(SCENARIOS)}")
+    parser.add_argument("--policies", default=",".join(POLICIES), help="default: all four")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--plots", default="docs", help="folder for autoscale-lab-<scenario>.png ('' for none)"
+    )
+    parser.add_argument(
+        "--present-only",
+        type=_headrooms,
+        default=(),
+        metavar="HEADROOMS",
+        help="also follow the oracle's schedule at these headrooms (e.g. 0.85,0.6,0.4) with no lead: "
+        "the bound of any scaler without foresight",
+    )
+    args = parser.parse_args(argv)
+    names = FULL if args.scenario == "all" else tuple(args.scenario.split(","))
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    started = time.perf_counter()
+    for name in names:
+        result = run_scenario(
+            name, args.seed, args.policies.split(","), progress=lambda line: print(line, flush=True)
+        )
+        print(table(result), flush=True)
+        if args.present_only:
+            bounds = present_only(
+                name, args.present_only, args.seed, progress=lambda line: print(line, flush=True)
+            )
+            print(present_only_table(result, bounds), flush=True)
+        if args.plots:
+            print(f"  plot: {plot(result, Path(args.plots) / f'autoscale-lab-{name}.png')}", flush=True)
+    print(f"done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+def _headrooms(text: str) -> tuple[float, ...]:
+    """Comma-separated utilisations in (0, 1]."""
+    try:
+        values = tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r}") from None
+    if not all(0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"each headroom must be in (0, 1]: {text!r}")
+    return values
+
+
+if __name__ == "__main__":
+    sys.exit(main())

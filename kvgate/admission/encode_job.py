@@ -1,0 +1,57 @@
+"""One long prompt's tokenisation, done so that it can stop early.
+
+Counting a multi-megabyte prompt costs seconds of CPU. Two kinds of that work are wasted: counting a
+prompt that is already known to be over the model's context window (it gets a 400 whatever its
+exact count), and counting a prompt whose client has left. An ``EncodeJob`` refuses a text whose
+lower bound (``Tokenizer.min_tokens``) reaches its limit without encoding it, encodes the rest in
+runs (``Tokenizer.encode_runs``, exactly the whole text's ids), and between runs stops once the
+count reaches the limit or the edge has set ``stopped``. It runs in a worker thread; the edge sets
+``stopped`` and reads ``tokens_counted`` from the event loop (plain attribute reads and writes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kvgate.admission.tokenizer import Tokenizer
+
+UTF8_MAX_BYTES_PER_CHAR = 4
+"""A token is at least one byte, so a text has at most four tokens per character."""
+
+
+@dataclass(slots=True, eq=False)
+class EncodeJob:
+    """One prompt's count, shared between the worker thread doing it and the edge watching it."""
+
+    limit_tokens: int
+    """The model's context window: a prompt with this many tokens is refused, so counting stops."""
+    stopped: bool = False
+    """Set by the edge when the client has left: the job stops before its next run."""
+    tokens_counted: int = 0
+    """Tokens encoded so far, for operators and tests."""
+
+    def encode(self, tokenizer: Tokenizer, text: str) -> list[int]:
+        """The ids of ``text``; for a text that reaches the limit, at least ``limit_tokens`` ids that
+        stand for its count: the ids of its first runs, or as many zeros as its lower bound when
+        that alone shows it cannot fit. What a stopped job returns is of no use to anyone."""
+        return [i for run in self.runs(tokenizer, text) for i in run]
+
+    def runs(self, tokenizer: Tokenizer, text: str) -> Iterator[list[int]]:
+        """``encode``'s ids in the runs they are counted in, so a caller can use each (hash its
+        blocks) and let it go while the next is counted, never holding a long prompt's ids at once."""
+        limit = self.limit_tokens
+        if len(text) * UTF8_MAX_BYTES_PER_CHAR >= limit:
+            at_least = tokenizer.min_tokens(text)
+            if at_least >= limit:
+                yield [0] * at_least
+                return
+        counted = 0
+        runs = tokenizer.encode_runs(text)
+        while not self.stopped and counted < limit:
+            run = next(runs, None)
+            if run is None:
+                return
+            counted += len(run)
+            self.tokens_counted += len(run)
+            yield run

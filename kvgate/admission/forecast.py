@@ -1,0 +1,86 @@
+"""How long until a request would be admitted: the expected wait behind resident and queued work.
+
+``WaitForecast.expected_wait_s`` turns the fleet's resident reservations (each finishing after its
+pending prefill and its expected remaining decode, from the learned output lengths) and the work
+queued ahead into the wait of ``retry_after.drain_wait_s``. A replica's drain state is rebuilt only
+when its load, the measured rates or the learned lengths changed, so a burst of refusals costs one
+pass over the resident work, not one per refusal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvgate.admission.calibration import Calibration
+from kvgate.admission.ledger import Ledger
+from kvgate.admission.placement import MaxActive
+from kvgate.admission.queue import Ahead
+from kvgate.admission.retry_after import (
+    Backlog,
+    FleetDrain,
+    ReplicaDrain,
+    ResidentWork,
+    ServiceRates,
+    completions_s,
+    drain_wait_s,
+)
+from kvgate.vocabulary.capacity import kv_room_tokens
+from kvgate.vocabulary.replica import ReplicaView
+
+
+class WaitForecast:
+    def __init__(
+        self, ledger: Ledger, calibration: Calibration, rates: ServiceRates, max_active: MaxActive
+    ) -> None:
+        self.ledger = ledger
+        self.calibration = calibration
+        self.rates = rates
+        self._max_active = max_active
+        self._drains: dict[str, tuple[tuple[object, ...], ReplicaDrain]] = {}
+        self._fleet_drain: FleetDrain | None = None
+
+    def expected_wait_s(
+        self, kv_tokens: int, model: str, ahead: Ahead, serving: Sequence[ReplicaView]
+    ) -> float:
+        expected_output = (
+            ahead.requests
+            * self.calibration.expected_remaining_tokens(
+                model, 0, round(ahead.max_output_tokens / ahead.requests)
+            )
+            if ahead.requests > 0
+            else 0.0
+        )
+        backlog = Backlog(ahead.requests, ahead.kv_tokens, ahead.prompt_tokens, expected_output)
+        drains = tuple(self._drain(v) for v in serving)
+        if self._fleet_drain is None or self._fleet_drain.replicas != drains:
+            self._fleet_drain = FleetDrain.of(drains)
+        return drain_wait_s(kv_tokens, self._fleet_drain, backlog, self.rates)
+
+    def _drain(self, view: ReplicaView) -> ReplicaDrain:
+        """The replica's drain state, cached until its load, the rates or the learned lengths change."""
+        max_active = self._max_active(view)
+        key = (view.load, view.kv_capacity_tokens, max_active, self.rates, self.calibration.version)
+        cached = self._drains.get(view.replica_id)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        resident = sorted(self.ledger.resident(view.replica_id), key=lambda held: held.reserved_at_s)
+        work = [
+            ResidentWork(
+                held.kv_tokens,
+                held.pending_prompt_tokens,
+                self.calibration.expected_remaining_tokens(
+                    held.cost.model, held.produced_tokens, held.cost.max_output_tokens
+                ),
+            )
+            for held in resident
+        ]
+        drain = ReplicaDrain(
+            view.replica_id,
+            kv_room_tokens(view),
+            view.kv_capacity_tokens,
+            view.load.resident_sequences,
+            max_active,
+            completions_s(work, self.rates),
+        )
+        self._drains[view.replica_id] = (key, drain)
+        return drain

@@ -1,0 +1,552 @@
+"""Desired replicas per pool from a history of work signals, with the reason of each decision.
+
+Scale-out needs a *conjunction* held without a break for ``scale_out_window_s``: a pool that is
+full (KV occupancy, or for a prefill pool prompt tokens waiting per replica) *and* slow for its
+phase (TTFT for prefill, ITL for decode); high occupancy with fast tokens is a replica efficiently
+full, and slow tokens with free cache is a configuration problem, so either alone is not enough.
+A mixed pool is judged on both phases and takes the larger answer. Admission-queue wait above its
+target on a full pool is demand the fleet is not serving (on a pool with room it is the tail of a
+backlog already being cleared, still inside the latency window). Scale-in needs every phase
+idle and fast for the much longer ``scale_in_window_s``, never within ``scale_down_delay_s`` of a
+scale-out, and removes a smaller step: being short costs client-visible failures, being long costs
+money. With per-replica capacities configured, sizing sets a floor that applies at once: each
+phase's demand over its capacity is a share of a replica (added up on a mixed pool, whose phases
+share each replica's time), ``N = ceil(share / U_target)``; demand is the served rate plus what
+arrives unserved (the growth of the prompt tokens waiting: a saturated pool serves at its ceiling
+whatever arrives; on a pool within every latency target, prompts its ready replicas hold within
+``scale_out_prefill_tokens_per_replica`` each are in flight, not a backlog), projected over the
+cold start at the growth of the share (not of each phase: a mix moving work from prompts to
+outputs is no growth; and only over samples with every latency under its target: a hurried pool's
+served rates are its ceiling), plus for prefill the backlog the asked-for replicas will find
+(waiting now plus unserved arrivals until they serve) spread over ``backlog_drain_s``; the KV in
+use (occupancy x ready replicas, grown by the waiting arrivals) must stay under the full mark;
+resident sequences over per-replica capacity bound decode. The same
+sizing, the KV in use also projected over the cold start at its growth and the served work at
+its fall too (a replica removed is gone at once, one added back serves a cold start later), with a
+hysteresis of twice the noise of that work around its trend over the window, at most
+``scale_in_hysteresis_replicas``, scales the pool in, to the demand at the window's least-squares
+line now (the hysteresis covers the noise around it; the most any sample needed counted it twice),
+never below the sample's own (a line lags a demand that turns back up: the sample is what arrives
+now), and the most KV in use a sample of the window held (it swings by replicas between reads), once it
+has held for ``scale_in_sizing_window_s`` with every latency under its scale-out target: the
+hysteresis is in replicas, as the noise of the rates is, and as wide as the noise measured (a slow
+ramp's steady fall is trend, not noise), and a pool whose long prompts keep TTFT above the idle
+rule's mark still scales in. Within
+``scale_down_delay_s`` after a step in, the floor is the lowest of the last ``scale_out_window_s``
+of samples: undoing a step in takes the evidence a scale-out conjunction takes, so the fleet turns
+at most once per window; unless the KV in use has grown over ``scale_down_delay_s`` (sessions
+filling the cache), when two samples above the fewer replicas are demand. On a pool within every
+latency target with no backlog growing, a floor from the served rates alone takes two
+samples too: one is as likely a cluster of long requests finishing together. A step in that would
+be the fleet's second turn within ``scale_down_delay_s`` (the step out before it undid a step in)
+waits for the window to pass. A change takes effect
+when the ready replicas reach it (or one cold start later): until then the policy repeats its
+answer instead of asking again (the backlog was sized into the ask), and afterwards every window
+starts over. Pure: time comes from the samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from kvgate.autoscaler.signals import PoolSignals
+from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
+from kvgate.vocabulary.replica import Role
+
+SCALE_OUT_OCCUPANCY_TTFT = "scale_out_occupancy_ttft"
+SCALE_OUT_BACKLOG_TTFT = "scale_out_backlog_ttft"
+SCALE_OUT_OCCUPANCY_ITL = "scale_out_occupancy_itl"
+SCALE_OUT_QUEUE_WAIT = "scale_out_queue_wait"
+SCALE_OUT_TOKEN_RATE = "scale_out_token_rate"
+SCALE_OUT_SEQUENCES = "scale_out_sequences"
+SCALE_OUT_KV = "scale_out_kv"
+SCALE_IN_IDLE = "scale_in_idle"
+SCALE_IN_TOKEN_RATE = "scale_in_token_rate"
+HOLD = "hold"
+HOLD_COLD_START = "hold_cold_start"
+HOLD_STABILIZING = "hold_stabilizing"
+MIN_REPLICAS = "min_replicas"
+MAX_REPLICAS = "max_replicas"
+REASONS = (
+    SCALE_OUT_OCCUPANCY_TTFT,
+    SCALE_OUT_BACKLOG_TTFT,
+    SCALE_OUT_OCCUPANCY_ITL,
+    SCALE_OUT_QUEUE_WAIT,
+    SCALE_OUT_TOKEN_RATE,
+    SCALE_OUT_SEQUENCES,
+    SCALE_OUT_KV,
+    SCALE_IN_IDLE,
+    SCALE_IN_TOKEN_RATE,
+    HOLD,
+    HOLD_COLD_START,
+    HOLD_STABILIZING,
+    MIN_REPLICAS,
+    MAX_REPLICAS,
+)
+
+
+NOISE_SPREAD = 2.0
+"""Standard deviations of the sizing window's work around its trend that the scale-in hysteresis
+covers, up to ``scale_in_hysteresis_replicas``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    pool: str
+    desired_replicas: int
+    reason: str
+    """One of ``REASONS``: bounded, so it can be a metric label."""
+    detail: str = ""
+    """The numbers behind the decision, for logs and humans."""
+
+
+def replicas_for_rate(rate_per_s: float, capacity_per_s: float, utilization_ratio: float) -> int:
+    """``ceil(R / (C x U_target))``: replicas that carry ``rate_per_s`` at the target utilisation."""
+    return math.ceil(rate_per_s / (capacity_per_s * utilization_ratio) - 1e-9)
+
+
+def scale_out_reason(s: PoolSignals, p: PoolPolicy) -> str | None:
+    """The first scale-out rule ``s`` satisfies at its instant, or None."""
+    if s.role in (Role.PREFILL, Role.MIXED) and _slow(s.ttft_p95_s, p.scale_out_ttft_s) and _full(s, p):
+        return SCALE_OUT_BACKLOG_TTFT if s.role is Role.PREFILL else SCALE_OUT_OCCUPANCY_TTFT
+    if s.role in (Role.DECODE, Role.MIXED) and _full(s, p) and _slow(s.itl_p95_s, p.scale_out_itl_s):
+        return SCALE_OUT_OCCUPANCY_ITL
+    if _slow(s.queue_wait_p95_s, p.scale_out_queue_wait_s) and _full(s, p):
+        return SCALE_OUT_QUEUE_WAIT
+    return None
+
+
+def _full(s: PoolSignals, p: PoolPolicy) -> bool:
+    """The pool's load half of a conjunction: prompt backlog for prefill, KV occupancy otherwise."""
+    if s.role is Role.PREFILL:
+        return _prefill_per_replica(s) > p.scale_out_prefill_tokens_per_replica
+    return s.kv_occupancy_ratio > p.scale_out_occupancy_ratio
+
+
+def idle(s: PoolSignals, p: PoolPolicy) -> bool:
+    """Every phase of the pool is both lightly loaded and fast at ``s``'s instant."""
+    if _slow(s.queue_wait_p95_s, p.scale_in_ttft_s):
+        return False
+    prefill_idle = _fast(s.ttft_p95_s, p.scale_in_ttft_s) and (
+        _prefill_per_replica(s) < p.scale_in_prefill_tokens_per_replica
+        if s.role is Role.PREFILL
+        else s.kv_occupancy_ratio < p.scale_in_occupancy_ratio
+    )
+    decode_idle = s.kv_occupancy_ratio < p.scale_in_occupancy_ratio and _fast(s.itl_p95_s, p.scale_in_itl_s)
+    if s.role is Role.PREFILL:
+        return prefill_idle
+    if s.role is Role.DECODE:
+        return decode_idle
+    return prefill_idle and decode_idle
+
+
+def _unhurried(s: PoolSignals, p: PoolPolicy) -> bool:
+    """No latency near its scale-out target: the served rates are the demand, not a ceiling the
+    fleet imposes (a saturated pool's served rates fill its replicas and never fit fewer)."""
+    return (
+        _fast(s.ttft_p95_s, p.scale_out_ttft_s)
+        and _fast(s.itl_p95_s, p.scale_out_itl_s)
+        and _fast(s.queue_wait_p95_s, p.scale_out_queue_wait_s)
+    )
+
+
+def _slow(value_s: float | None, limit_s: float) -> bool:
+    return value_s is not None and value_s > limit_s
+
+
+def _fast(value_s: float | None, limit_s: float) -> bool:
+    return value_s is None or value_s < limit_s
+
+
+def _backlogged(s: PoolSignals, p: PoolPolicy) -> int:
+    """Prompt tokens waiting that are a backlog: none on a pool within every latency target whose ready
+    replicas hold them within ``scale_out_prefill_tokens_per_replica`` each, all of them otherwise.
+    The first are prompts in flight (a document admitted and not yet prefilled, a 15 s read's snapshot
+    of work served within its targets): counted as arrivals left unserved, 6.8k prompt tokens waiting
+    on a one-replica pool asked for a second replica minutes before one was needed."""
+    in_flight = p.scale_out_prefill_tokens_per_replica * s.replicas_ready
+    if _unhurried(s, p) and s.prompt_tokens_queued <= in_flight:
+        return 0
+    return s.prompt_tokens_queued
+
+
+def _prefill_per_replica(s: PoolSignals) -> float:
+    return s.prompt_tokens_queued / max(1, s.replicas_ready)
+
+
+class _RateSample(NamedTuple):
+    """One settled sample of what the pool served and what waited."""
+
+    time_s: float
+    prompt_tokens_per_s: float
+    output_tokens_per_s: float
+    queued_tokens: int
+    """Prompt tokens waiting."""
+    backlog_tokens: int
+    """Of those, the ones that are a backlog (``_backlogged``)."""
+    unhurried: bool
+
+
+class PoolAutoscaler:
+    """The policy for one pool: feed it samples in time order, read a recommendation per sample."""
+
+    def __init__(self, pool: str, policy: PoolPolicy) -> None:
+        self.pool = pool
+        self.policy = policy
+        self._rates: deque[_RateSample] = deque()
+        """Samples since the last change took effect, over the growth window."""
+        self._out_since_s: float | None = None
+        self._out_reason: str | None = None
+        self._in_since_s: float | None = None
+        self._shrink_since_s: float | None = None
+        self._sized = math.inf
+        """Replicas the current sizing window needs with the scale-in hysteresis (inf: no
+        capacities): its demand at its trend now, its KV in use at the most a sample held."""
+        self._kv_sized = math.inf
+        """The most replicas the KV in use of a sample of the current sizing window needs."""
+        self._works: deque[tuple[float, float, float]] = deque()
+        """(time, replicas' worth of demand, replicas' worth of KV in use) a step in must carry over the last
+        ``scale_in_sizing_window_s`` since the last change: their spread around their trend is the
+        noise the scale-in hysteresis absorbs."""
+        self._kv_in_use: deque[tuple[float, float]] = deque()
+        """(time, replicas' worth of KV in use) over the last ``scale_down_delay_s``, changes
+        included: the KV sequences hold does not depend on how many replicas hold it."""
+        self._floors: deque[tuple[float, int]] = deque()
+        """(time, floor) over the last ``scale_out_window_s``: within ``scale_down_delay_s`` after a
+        step in, the floor is the lowest of them."""
+        self._last_in_s = -math.inf
+        self._desired: int | None = None
+        self._last_out_s = -math.inf
+        self._settled_s: float | None = -math.inf
+        """When the last change took effect (ready replicas reached the answer, or a cold start
+        passed); None while it is still coming up."""
+        self._changed_s = -math.inf
+        self._turned_s = -math.inf
+        """When a change last went the other way from the one before."""
+
+    def update(self, s: PoolSignals) -> Recommendation:
+        p = self.policy
+        now_s = s.time_s
+        self._settle(s)
+        self._track(s)
+        settled = self._settled_s is not None
+        base = s.replicas_current if settled or self._desired is None else self._desired
+        floor, floor_reason, floor_detail = self._floor(s)
+        previous = self._floors[-1][1] if self._floors else floor
+        self._floors.append((now_s, floor))
+        while self._floors[0][0] < now_s - p.scale_out_window_s:
+            self._floors.popleft()
+        if now_s - self._last_in_s < p.scale_down_delay_s:
+            # KV in use growing over the stabilisation window is demand (sessions filling the cache):
+            # two samples above the fewer replicas undo the step in; otherwise it is the noise of
+            # large contexts coming and going, and undoing the step takes a scale-out window of it.
+            floors = list(self._floors)[-2:] if self._kv_growth() > 0 else self._floors
+            floor = min(f for _, f in floors)
+        elif floor_reason == SCALE_OUT_TOKEN_RATE and _unhurried(s, p) and self._unserved(backlog=True) == 0:
+            # Served rates alone, on a pool within every latency target with no backlog growing:
+            # one sample above the one before is as likely a cluster of long requests finishing
+            # together as more demand, and waiting one sample for a second costs nothing the
+            # latencies show.
+            floor = min(floor, previous)
+        detail = (
+            f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
+            f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
+            f"queue_wait_p95={_fmt(s.queue_wait_p95_s)} {floor_detail}"
+        )
+        desired, reason = base, HOLD
+        if self._out_reason is not None and not settled:
+            reason = HOLD_COLD_START
+        elif self._out_reason is not None and self._held_s(self._out_since_s, now_s) >= p.scale_out_window_s:
+            desired = max(base + max(1, math.ceil(base * p.scale_out_step_ratio)), floor)
+            reason = self._out_reason
+        if reason in (HOLD, HOLD_COLD_START) and floor > base:
+            desired, reason = floor, floor_reason
+        if reason == HOLD and self._held_s(self._in_since_s, now_s) >= p.scale_in_window_s:
+            if now_s - self._last_out_s < p.scale_down_delay_s:
+                reason = HOLD_STABILIZING
+            elif base > max(floor, p.min_replicas):
+                desired = max(base - max(1, math.floor(base * p.scale_in_step_ratio)), floor)
+                reason = SCALE_IN_IDLE
+        shrink_to = max(floor, self._sized, p.min_replicas)
+        if (
+            reason == HOLD
+            and self._held_s(self._shrink_since_s, now_s) >= p.scale_in_sizing_window_s
+            and base > shrink_to
+        ):
+            desired, reason = int(shrink_to), SCALE_IN_TOKEN_RATE
+        if (
+            desired < base
+            and self._last_out_s > self._last_in_s
+            and now_s - self._turned_s < p.scale_down_delay_s
+        ):
+            # The last change was a step out that undid a step in: a step in now would turn the
+            # fleet twice within one stabilisation window.
+            desired, reason = base, HOLD_STABILIZING
+        if desired > p.max_replicas:
+            desired, reason = p.max_replicas, MAX_REPLICAS
+        if desired < p.min_replicas or (reason == HOLD and s.replicas_current < desired == p.min_replicas):
+            # Also while the pool is still coming up to the floor: that is what holds it there.
+            desired, reason = p.min_replicas, MIN_REPLICAS
+        self._record(desired, s.replicas_current, now_s)
+        return Recommendation(self.pool, desired, reason, detail)
+
+    def _settle(self, s: PoolSignals) -> None:
+        if self._settled_s is None and (
+            s.replicas_ready == self._desired or s.time_s - self._changed_s >= self.policy.cold_start_s
+        ):
+            self._settled_s = s.time_s
+
+    def _track(self, s: PoolSignals) -> None:
+        p = self.policy
+        out = scale_out_reason(s, p)
+        if out is None:
+            self._out_since_s = None
+        elif self._out_since_s is None:
+            self._out_since_s = s.time_s
+        self._out_reason = out
+        if not idle(s, p):
+            self._in_since_s = None
+        elif self._in_since_s is None:
+            self._in_since_s = s.time_s
+        if self._settled_s is not None:
+            self._rates.append(
+                _RateSample(
+                    s.time_s,
+                    s.prompt_tokens_per_s,
+                    s.output_tokens_per_s,
+                    s.prompt_tokens_queued,
+                    _backlogged(s, p),
+                    _unhurried(s, p),
+                )
+            )
+        while len(self._rates) > 2 and self._rates[1].time_s <= s.time_s - p.growth_window_s:
+            self._rates.popleft()
+        self._kv_in_use.append((s.time_s, s.kv_occupancy_ratio * s.replicas_ready))
+        while self._kv_in_use[0][0] < s.time_s - p.scale_down_delay_s:
+            self._kv_in_use.popleft()
+        rates_sized, kv_sized = self._sized_for(s)
+        sized = max(rates_sized, kv_sized)
+        if not (sized < s.replicas_current and _unhurried(s, p)):
+            self._shrink_since_s = None
+        elif self._shrink_since_s is None:
+            self._shrink_since_s, self._sized, self._kv_sized = s.time_s, sized, kv_sized
+        else:
+            self._kv_sized = max(self._kv_sized, kv_sized)
+            self._sized = max(rates_sized, self._kv_sized)
+
+    def _held_s(self, since_s: float | None, now_s: float) -> float:
+        """How long a condition has held, counting only since the last change took effect."""
+        if since_s is None or self._settled_s is None:
+            return -math.inf
+        return now_s - max(since_s, self._settled_s)
+
+    def _unserved(self, backlog: bool = False) -> float:
+        """Prompt tokens/s arriving beyond what is served: the growth of the prompt tokens waiting
+        since the previous sample (a saturated pool serves at its ceiling whatever arrives); with
+        ``backlog``, of those that are a backlog only (``_backlogged``)."""
+        if len(self._rates) < 2:
+            return 0.0
+        previous, last = self._rates[-2], self._rates[-1]
+        if last.time_s <= previous.time_s:
+            return 0.0
+        if backlog:
+            grown = last.backlog_tokens - previous.backlog_tokens
+        else:
+            grown = last.queued_tokens - previous.queued_tokens
+        return max(0.0, grown / (last.time_s - previous.time_s))
+
+    def _projected_share(
+        self, s: PoolSignals, unserved: float, backlog_tokens_per_s: float = 0.0, falling: bool = False
+    ) -> float | None:
+        """Replicas' worth of work expected one cold start from now (None with no capacity): the
+        served rates, plus ``unserved`` prompt tokens/s (and the output of the waiting requests in the
+        same proportion as their prompts), plus ``backlog_tokens_per_s`` of prompt, plus the growth of
+        the served work over the cold start. The growth is the least-squares slope of the share
+        itself, once samples span half the growth window, not of each phase: a mixed pool's phases
+        share each replica's time, so a mix moving work from prompts to outputs is no growth, while
+        each phase's rise alone would read as one. It is measured only at constant capacity (since
+        the last change took effect) and over samples with every latency under its scale-out
+        target: while replicas come up, and while a hurried pool serves at its ceiling, served
+        rates rise with capacity, not with demand."""
+        prompt = s.prompt_tokens_per_s + unserved + backlog_tokens_per_s
+        output = s.output_tokens_per_s
+        if s.prompt_tokens_per_s > 0:
+            output *= 1 + unserved / s.prompt_tokens_per_s
+        share = self._share(s, prompt, output)
+        if share is None:
+            return None
+        growth = self._share_growth(s)
+        return share + (growth if falling else max(0.0, growth)) * self.policy.cold_start_s
+
+    def _share_growth(self, s: PoolSignals) -> float:
+        """Replicas' worth of served work gained per second over the growth window's unhurried
+        samples (0 until they span half of it)."""
+        rates = [r for r in self._rates if r.unhurried]
+        if len(rates) < 2 or rates[-1].time_s - rates[0].time_s < self.policy.growth_window_s / 2:
+            return 0.0
+        return _slope(
+            [(r.time_s, self._share(s, r.prompt_tokens_per_s, r.output_tokens_per_s) or 0.0) for r in rates]
+        )
+
+    def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
+        p = self.policy
+        best, reason, parts = 0, SCALE_OUT_TOKEN_RATE, []
+        # A floor asks for replicas at once: prompts in flight on a pool within its targets are
+        # neither a backlog nor arrivals left unserved.
+        unserved = self._unserved(backlog=True)
+        backlog = 0.0
+        if self._settled_s is not None:
+            # The backlog replicas asked for now will find: what waits now and what arrives unserved
+            # until they serve. While asked-for replicas come up, that ask already covered it.
+            backlog = (_backlogged(s, p) + unserved * p.cold_start_s) / p.backlog_drain_s
+        share = self._projected_share(s, unserved, backlog)
+        if share is not None:
+            best = replicas_for_rate(share, 1.0, p.target_utilization_ratio)
+            parts.append(
+                f"prefill_demand={s.prompt_tokens_per_s + unserved + backlog:.0f}/s "
+                f"growth={self._share_growth(s):+.4f}/s replica_share={share:.2f}->{best}"
+            )
+            kv = self._kv_share(s)
+            n = replicas_for_rate(kv, 1.0, p.scale_out_occupancy_ratio)
+            parts.append(f"kv_share={kv:.2f}->{n}")
+            if n > best:
+                best, reason = n, SCALE_OUT_KV
+        if p.decode_sequences_per_replica is not None and s.role in (Role.DECODE, Role.MIXED):
+            n = math.ceil(s.resident_sequences / p.decode_sequences_per_replica)
+            parts.append(f"resident_sequences={s.resident_sequences}->{n}")
+            if n > best:
+                best, reason = n, SCALE_OUT_SEQUENCES
+        return best, reason, " ".join(parts)
+
+    def _share(self, s: PoolSignals, prefill_rate: float, decode_rate: float) -> float | None:
+        """Replicas' worth of work at full use: each configured phase's rate over its capacity,
+        added up on a mixed pool (its phases share each replica's time); None with no capacity."""
+        p = self.policy
+        share, configured = 0.0, False
+        if p.prefill_capacity_tokens_per_s is not None and s.role in (Role.PREFILL, Role.MIXED):
+            share += prefill_rate / p.prefill_capacity_tokens_per_s
+            configured = True
+        if p.decode_capacity_tokens_per_s is not None and s.role in (Role.DECODE, Role.MIXED):
+            share += decode_rate / p.decode_capacity_tokens_per_s
+            configured = True
+        return share if configured else None
+
+    def _kv_share(self, s: PoolSignals) -> float:
+        """Replicas' worth of KV cache in use, grown by the arrivals the pool leaves waiting, at most
+        doubled per evaluation as an HPA's scale-up is (the served rate lags a shift of the mix by
+        its window, the queue does not): a pool bound by KV rather than by tokens/s shows its
+        demand only there."""
+        unserved = self._unserved()
+        waiting = 1 + unserved / max(s.prompt_tokens_per_s, unserved) if unserved > 0 else 1.0
+        return s.kv_occupancy_ratio * s.replicas_ready * waiting
+
+    def _sized_for(self, s: PoolSignals) -> tuple[float, float]:
+        """Replicas that carry the demand projected one cold start ahead (growth included, backlog
+        not), and replicas that hold the KV in use projected the same way, its growth measured over
+        ``scale_down_delay_s`` (sessions filling the cache while the token rates fall still need the
+        replicas a step in would remove; over a shorter window a cache that only fluctuates reads
+        as growing), each with the scale-in hysteresis; inf when no capacity is configured. The
+        demand is the sizing window's least-squares line at ``s``, or the sample's own where higher
+        (under three samples, the sample's): the hysteresis covers the noise around that line, and
+        the most any sample needed would count it twice; a line lags a demand that falls and turns
+        back up, and a step in to what the line reads would be short of what arrives now. The KV
+        in use is the sample's: it swings by several replicas' worth between reads, and the step in
+        keeps the most its window needed."""
+        p = self.policy
+        share = self._projected_share(s, self._unserved(), falling=True)
+        if share is None:
+            return math.inf, math.inf
+        kv = self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s
+        self._works.append((s.time_s, share, kv))
+        while self._works[0][0] < s.time_s - p.scale_in_sizing_window_s:
+            self._works.popleft()
+        works = [(t, max(demand, held)) for t, demand, held in self._works]
+        hysteresis = min(p.scale_in_hysteresis_replicas, NOISE_SPREAD * _residual(works))
+        shares = [(t, demand) for t, demand, _ in self._works]
+        demand = max(_trend_at(shares, s.time_s), share) if len(shares) >= 3 else share
+        return (
+            replicas_for_rate(demand + hysteresis, 1.0, p.target_utilization_ratio),
+            replicas_for_rate(kv + hysteresis, 1.0, p.target_utilization_ratio),
+        )
+
+    def _kv_growth(self) -> float:
+        """Replicas' worth of KV in use gained per second over ``scale_down_delay_s`` (0 until the
+        samples span half of it): over a shorter window a cache that only fluctuates reads as
+        growing."""
+        kv = list(self._kv_in_use)
+        if kv[-1][0] - kv[0][0] < self.policy.scale_down_delay_s / 2:
+            return 0.0
+        return _slope(kv)
+
+    def _record(self, desired: int, current: int, now_s: float) -> None:
+        previous = self._desired if self._desired is not None else current
+        if desired != previous:
+            self._changed_s = now_s
+            self._settled_s = None
+            self._rates.clear()
+            self._works.clear()
+            self._shrink_since_s = None
+            moved = max(self._last_out_s, self._last_in_s) > -math.inf
+            if moved and (desired > previous) != (self._last_out_s > self._last_in_s):
+                self._turned_s = now_s
+            if desired > previous:
+                self._last_out_s = now_s
+            else:
+                self._last_in_s = now_s
+        self._desired = desired
+
+
+def _slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of ``(time, value)`` points: every sample of the window weighs in, so one
+    noisy sample at either end does not read as growth."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread if spread > 0 else 0.0
+
+
+def _trend_at(points: list[tuple[float, float]], time_s: float) -> float:
+    """The value of the least-squares line of ``(time, value)`` points at ``time_s``."""
+    n = len(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    return mean_v + _slope(points) * (time_s - mean_t)
+
+
+def _residual(points: list[tuple[float, float]]) -> float:
+    """Standard deviation of ``(time, value)`` points around their least-squares line: the noise
+    of a series without its trend (a ramp's steady fall is not noise); inf under three points, too
+    few to tell noise from trend."""
+    n = len(points)
+    if n < 3:
+        return math.inf
+    slope = _slope(points)
+    mean_t = sum(t for t, _ in points) / n
+    mean_v = sum(v for _, v in points) / n
+    return math.sqrt(sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in points) / (n - 2))
+
+
+def _fmt(value_s: float | None) -> str:
+    return "none" if value_s is None else f"{value_s:.3f}s"
+
+
+class Autoscaler:
+    """One ``PoolAutoscaler`` per pool, created on the pool's first sample."""
+
+    def __init__(self, config: AutoscalerConfig) -> None:
+        self.config = config
+        self._pools: dict[str, PoolAutoscaler] = {}
+
+    def update(self, samples: Iterable[PoolSignals]) -> list[Recommendation]:
+        recommendations = []
+        for s in samples:
+            pool = self._pools.get(s.pool)
+            if pool is None:
+                pool = self._pools[s.pool] = PoolAutoscaler(s.pool, self.config.policy_for(s.pool))
+            recommendations.append(pool.update(s))
+        return recommendations

@@ -1,0 +1,84 @@
+"""The gateway's own subcommands, ``kvgate serve`` and ``kvgate config check``, each a
+``register(subparsers)`` function that adds its parser and sets ``run`` (``args -> exit code``) and
+``prog`` (its name in error lines). The ``kvgate`` entry that gathers every subcommand, the
+simulator's and the load tester's too, is ``kvgate.cli``: the runtime never imports the load
+tester."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from kvgate.cli.command import CommandError
+from kvgate.config.loader import ConfigError, load_config
+from kvgate.config.schema import GatewayConfig
+
+
+def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("serve", help="run the gateway in front of real replicas")
+    parser.add_argument("--config", required=True, help="YAML config file (KVGATE_* variables override it)")
+    parser.add_argument("--host", default=None, help="address to listen on (overrides server.host)")
+    parser.add_argument("--port", type=int, default=None, help="port to listen on (overrides server.port)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.set_defaults(run=_serve, prog=parser.prog)
+
+
+def register_config(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser("config", help="configuration tools")
+    actions = parser.add_subparsers(dest="config_command", required=True)
+    check = actions.add_parser("check", help="validate a config file, listing every problem")
+    check.add_argument("file")
+    check.set_defaults(run=_config_check, prog=check.prog)
+
+
+def load(path: str, environ: dict[str, str] | None = None) -> GatewayConfig:
+    try:
+        return load_config(path, environ)
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    config = load(args.file)
+    replicas = sum(len(p.replicas) for p in config.pools)
+    dns = sum(1 for p in config.pools if p.dns is not None)
+    print(
+        f"{args.file}: ok ({len(config.models)} model(s), {len(config.pools)} pool(s), "
+        f"{replicas} static replica(s), {dns} DNS pool(s))"
+    )
+    for model in config.models:
+        if config.disaggregated(model.name):
+            serving = config.serving(model.name)
+            mixed = list(serving["mixed"])
+            share = model.disaggregated_share
+            split = f", {share:g} of its requests (the rest whole on {mixed})" if mixed else ""
+            print(
+                f"  {model.name}: prefill {list(serving['prefill'])} hands off to decode "
+                f"{list(serving['decode'])}{split}"
+            )
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """Flags win over ``KVGATE_SERVER__*`` variables, which win over the file."""
+    from kvgate.gateway.edge.server import serve
+
+    environ = dict(os.environ)
+    if args.host is not None:
+        environ["KVGATE_SERVER__HOST"] = args.host
+    if args.port is not None:
+        environ["KVGATE_SERVER__PORT"] = str(args.port)
+    config = load(args.config, environ)
+    check_listen(config.server.host, config.server.port)
+    serve(config, log_level=args.log_level)
+    return 0
+
+
+def check_listen(host: str, port: int) -> None:
+    """Fail with one line before start-up when ``host:port`` cannot be bound (in use, no such address)."""
+    from kvgate.gateway.edge.server import bind_socket
+
+    try:
+        bind_socket(host, port).close()
+    except OSError as exc:
+        raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror or exc}", status=1) from None

@@ -1,0 +1,180 @@
+"""Price a request once: who sends it, what it asks for, and what it costs in tokens and KV.
+
+``Pricer.price`` is the request path's first step after parsing. It identifies the tenant from the
+bearer key, reads the work asked for (``max_tokens`` and the sequences, ``kvgate.admission.cost``), counts
+the prompt's tokens (``kvgate.gateway.request_path.prompt``: inline, off the event loop, or by a replica of
+the model), and estimates the cost, all from the one parsed body. What admission and routing read is set on
+the request as two values computed here and nowhere else: ``request.admission`` (tenant, cost, the client's
+deadline, its retry count) and ``request.routing`` (model, tokens, prefix block hashes). A request that cannot
+be priced gets a ``Refusal``: 401 for an unknown key, 400 for invalid fields or a request over the context,
+503 when a replica could not count its prompt. ``Pricer.price_now`` prices as a plain call, with no coroutine,
+when the prompt is counted on the event loop (a local tokeniser and a small body: the common case); otherwise
+it answers ``Uncounted`` and the proxy awaits ``Pricer.count``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from kvgate.admission import refusals
+from kvgate.admission.cost import InvalidRequest, Requested, capped_body, estimate_cost, requested_work
+from kvgate.admission.counting import batch_of
+from kvgate.admission.deadline import client_timeout_s
+from kvgate.admission.decision import AdmissionRequest, Refusal, RefusalReason
+from kvgate.admission.promises import request_key, retry_count
+from kvgate.admission.tenants import Tenant, TenantDirectory, bearer_key
+from kvgate.config.schema import GatewayConfig
+from kvgate.gateway.replicas.upstream import replica_headers
+from kvgate.gateway.request_path.forwarding import forwarded_body
+from kvgate.gateway.request_path.prompt import PromptEncoder, PromptTokens
+from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.routing.request import RoutingRequest
+
+log = logging.getLogger("kvgate.pricing")
+_IDEMPOTENCY_KEY = b"idempotency-key"
+CHAT_PATH = "/v1/chat/completions"
+
+
+@dataclass(slots=True)
+class Uncounted:
+    """A request priced but for its prompt's tokens, which are counted off the event loop or by a
+    replica of its model (``Pricer.count``)."""
+
+    tenant: Tenant
+    chat: bool
+    batch: list[str] | list[list[int]] | None
+    work: Requested
+
+
+class Pricer:
+    def __init__(self, state: GatewayState, config: GatewayConfig, tenants: TenantDirectory) -> None:
+        self._state = state
+        self._config = config.admission
+        self._tenants = tenants
+        self.encoder = PromptEncoder(config.models)
+        self.session: aiohttp.ClientSession | None = None
+        """For counting by a replica's ``/tokenize``; set when the gateway starts."""
+
+    async def price(self, request: ProxyRequest) -> Refusal | None:
+        priced = self.price_now(request)
+        if isinstance(priced, Uncounted):
+            return await self.count(request, priced)
+        return priced
+
+    def price_now(self, request: ProxyRequest) -> Refusal | Uncounted | None:
+        """``price``, as a plain call when the prompt is counted here on the event loop (no coroutine
+        per request); ``Uncounted`` when it must be counted off the loop or by a replica
+        (``await count(request, uncounted)``)."""
+        tenant = self._tenants.identify(_bearer_key(request.headers))
+        if tenant is None:
+            return Refusal(401, RefusalReason.UNAUTHORIZED, "Incorrect API key provided.")
+        request.tenant = tenant.name
+        chat = request.endpoint == CHAT_PATH
+        batch: list[str] | list[list[int]] | None = None if chat else batch_of(request.body)
+        work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)
+        if isinstance(work, InvalidRequest):
+            return _invalid(work)
+        if batch is not None:
+            return Uncounted(tenant, chat, batch, work)
+        prompt = self.encoder.encode_inline(request.model, request.body, len(request.raw_body))
+        if prompt is None:
+            return Uncounted(tenant, chat, batch, work)
+        return self._priced(request, tenant, chat, work, prompt, prompt.count)
+
+    async def count(self, request: ProxyRequest, uncounted: Uncounted) -> Refusal | None:
+        """Price a request whose prompt ``price_now`` could not count on the event loop."""
+        batch = uncounted.batch
+        try:
+            if batch is None:
+                prompt = await self._encode(request, request.body, len(request.raw_body))
+                prompt_tokens: int | list[int] = prompt.count
+            else:
+                each = [
+                    PromptTokens.of(p)
+                    if isinstance(p, list)
+                    else await self._encode(request, {"prompt": p}, len(p))
+                    for p in batch
+                ]
+                prompt, prompt_tokens = each[0], [p.count for p in each]
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            log.warning("counting a prompt with a replica of %s failed: %r", request.model, exc)
+            message = f"Cannot count the prompt's tokens with a replica of '{request.model}'."
+            return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
+        return self._priced(request, uncounted.tenant, uncounted.chat, uncounted.work, prompt, prompt_tokens)
+
+    def _priced(
+        self,
+        request: ProxyRequest,
+        tenant: Tenant,
+        chat: bool,
+        work: Requested,
+        prompt: PromptTokens,
+        prompt_tokens: int | list[int],
+    ) -> Refusal | None:
+        """The request's cost from its counted prompt, and the two values set on it."""
+        cost = estimate_cost(
+            request.model,
+            prompt_tokens,
+            work.max_tokens,
+            self._config,
+            self._state.models[request.model],
+            work.sequences_per_prompt,
+        )
+        if isinstance(cost, InvalidRequest):
+            return _invalid(cost)
+        forwarded = capped_body(request.body, chat, cost.max_tokens)
+        if forwarded is not None:
+            request.body = forwarded
+        if forwarded is not None or request.usage_injected:
+            request.raw_body = forwarded_body(request.body)
+        headers = {
+            name.decode("latin-1"): value.decode("latin-1")
+            for name, value in request.headers
+            if name.startswith(b"x-") or name == _IDEMPOTENCY_KEY
+        }
+        blocks = prompt.block_hashes
+        request.admission = AdmissionRequest(
+            request.request_id,
+            tenant,
+            cost,
+            client_timeout_s(headers, self._config),
+            request.raw_body,
+            retry_count(headers),
+            request_key(headers),
+            blocks,
+        )
+        request.routing = RoutingRequest(
+            request.model, cost.prompt_tokens, cost.max_output_tokens, blocks, cost.sequences
+        )
+        return None
+
+    async def _encode(self, request: ProxyRequest, body: Mapping[str, Any], size_bytes: int) -> PromptTokens:
+        """``body``'s prompt (the request's, or one prompt of its batch) counted: inline when counted
+        here and small, otherwise off the event loop or by a replica of the model."""
+        prompt = self.encoder.encode_inline(request.model, body, size_bytes)
+        if prompt is not None:
+            return prompt
+        assert self.session is not None, "gateway not started"
+        url = ""
+        headers = None
+        if not self.encoder.is_local(request.model):
+            serving = self._state.healthy_replicas(request.model)
+            url = serving[0].url if serving else ""
+            headers = replica_headers(serving[0]) if serving else None
+        return await self.encoder.encode(request.model, body, size_bytes, self.session, url, headers)
+
+
+def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"authorization":
+            return bearer_key(value.decode("latin-1"))
+    return None
+
+
+def _invalid(invalid: InvalidRequest) -> Refusal:
+    return Refusal(400, RefusalReason.INVALID_REQUEST, invalid.message, param=invalid.param)

@@ -1,0 +1,454 @@
+"""Turns run results into numbers a reader can trust: summary, ``report.md``, ``results.json``, plots.
+
+The summary is computed from the per-request records alone: latency percentiles over successful
+requests, goodput as the requests that met both SLOs (TTFT, and mean inter-token gap) per second of
+the run, rejects as final 429s, and tokens as the server reported them in ``usage``. It also judges
+the generator itself: the lag between schedule and send (an open loop that could not keep its
+schedule says so) and the process CPU per request (a generator using most of a core distorts what
+it measures, and the report says that too). Plots use matplotlib's Agg backend at modest DPI.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from kvgate.loadtest.client import RequestRecord
+from kvgate.loadtest.runner import RunResult, SignalSample
+from kvgate.loadtest.workload import Trace
+
+LAG_LIMIT_S = 0.05
+CPU_BOUND_RATIO = 0.8
+PLOT_DPI = 80
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    ttft_s: float
+    itl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    target: str
+    model: str
+    requests: int
+    ok: int
+    errors: int
+    rejects: int
+    goodput_requests: int
+    goodput_ratio: float
+    goodput_rps: float
+    throughput_rps: float
+    prompt_tokens: int
+    completion_tokens: int
+    output_tokens_per_s: float
+    ttft_p50_s: float | None
+    ttft_p95_s: float | None
+    ttft_p99_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    itl_p99_s: float | None
+    e2e_p50_s: float | None
+    e2e_p95_s: float | None
+    retries: int
+    wait_honoured_s: float
+    lag_p50_s: float | None
+    lag_p99_s: float | None
+    lag_max_s: float | None
+    schedule_kept: bool
+    wall_s: float
+    cpu_s: float
+    cpu_per_request_ms: float
+    cpu_per_output_token_us: float
+    cpu_ratio: float
+    cpu_bound: bool
+
+    def warnings(self) -> list[str]:
+        out = []
+        if not self.schedule_kept:
+            out.append(
+                f"the generator could not keep the schedule: send lag p99 {_fmt_s(self.lag_p99_s)}, "
+                f"max {_fmt_s(self.lag_max_s)} (limit {LAG_LIMIT_S * 1000:.0f} ms); rates below are lower "
+                "than asked"
+            )
+        if self.cpu_bound:
+            out.append(
+                f"the generator used {self.cpu_ratio:.0%} of one core: it may have distorted this benchmark; "
+                "run it on its own machine or lower the rate"
+            )
+        return out
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks; ``None`` for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def summarize(result: RunResult, slo: Slo) -> Summary:
+    records = result.records
+    ok = [r for r in records if r.ok]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    itl = [gap for r in ok for gap in r.itl_s]
+    e2e = [r.e2e_s for r in ok]
+    lags = [lag for r in records if (lag := r.lag_s) is not None]
+    good = sum(1 for r in records if r.meets_slo(slo.ttft_s, slo.itl_s))
+    rejects = sum(1 for r in records if r.rejected)
+    wall_s = max(result.wall_s, 1e-9)
+    lag_p99_s = percentile(lags, 0.99)
+    cpu_ratio = result.cpu_s / wall_s
+    completion_tokens = sum(r.completion_tokens for r in records)
+    return Summary(
+        target=result.target.name,
+        model=result.model,
+        requests=len(records),
+        ok=len(ok),
+        errors=len(records) - len(ok) - rejects,
+        rejects=rejects,
+        goodput_requests=good,
+        goodput_ratio=good / len(records) if records else 0.0,
+        goodput_rps=good / wall_s,
+        throughput_rps=len(ok) / wall_s,
+        prompt_tokens=sum(r.prompt_tokens for r in records),
+        completion_tokens=completion_tokens,
+        output_tokens_per_s=sum(r.completion_tokens for r in ok) / wall_s,
+        ttft_p50_s=percentile(ttft, 0.5),
+        ttft_p95_s=percentile(ttft, 0.95),
+        ttft_p99_s=percentile(ttft, 0.99),
+        itl_p50_s=percentile(itl, 0.5),
+        itl_p95_s=percentile(itl, 0.95),
+        itl_p99_s=percentile(itl, 0.99),
+        e2e_p50_s=percentile(e2e, 0.5),
+        e2e_p95_s=percentile(e2e, 0.95),
+        retries=sum(r.retries for r in records),
+        wait_honoured_s=sum(r.wait_honoured_s for r in records),
+        lag_p50_s=percentile(lags, 0.5),
+        lag_p99_s=lag_p99_s,
+        lag_max_s=max(lags) if lags else None,
+        schedule_kept=lag_p99_s is None or lag_p99_s <= LAG_LIMIT_S,
+        wall_s=result.wall_s,
+        cpu_s=result.cpu_s,
+        cpu_per_request_ms=1000.0 * result.cpu_s / len(records) if records else 0.0,
+        cpu_per_output_token_us=1e6 * result.cpu_s / completion_tokens if completion_tokens else 0.0,
+        cpu_ratio=cpu_ratio,
+        cpu_bound=cpu_ratio >= CPU_BOUND_RATIO,
+    )
+
+
+def _fmt_s(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.1f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def _rows(s: Summary) -> list[tuple[str, str]]:
+    def times(*values: float | None) -> str:
+        return " / ".join(_fmt_s(v) for v in values)
+
+    return [
+        ("requests", f"{s.requests}"),
+        ("ok / errors / rejects (429)", f"{s.ok} / {s.errors} / {s.rejects}"),
+        (
+            "goodput (met both SLOs)",
+            f"{s.goodput_requests} ({s.goodput_ratio:.1%}), {s.goodput_rps:.2f} req/s",
+        ),
+        ("throughput", f"{s.throughput_rps:.2f} req/s, {s.output_tokens_per_s:.0f} output tok/s"),
+        ("tokens in / out (server usage)", f"{s.prompt_tokens} / {s.completion_tokens}"),
+        ("TTFT p50 / p95 / p99", times(s.ttft_p50_s, s.ttft_p95_s, s.ttft_p99_s)),
+        ("ITL p50 / p95 / p99", times(s.itl_p50_s, s.itl_p95_s, s.itl_p99_s)),
+        ("end-to-end p50 / p95", times(s.e2e_p50_s, s.e2e_p95_s)),
+        ("retries, wait honoured", f"{s.retries}, {s.wait_honoured_s:.1f} s"),
+        ("send lag p50 / p99 / max", times(s.lag_p50_s, s.lag_p99_s, s.lag_max_s)),
+        (
+            "generator CPU",
+            f"{s.cpu_per_request_ms:.2f} ms/request ({s.cpu_per_output_token_us:.0f} µs/output token), "
+            f"{s.cpu_ratio:.0%} of one core",
+        ),
+        ("wall time", f"{s.wall_s:.1f} s"),
+    ]
+
+
+def summary_table(summaries: Sequence[Summary]) -> str:
+    header = "| | " + " | ".join(s.target for s in summaries) + " |"
+    rule = "|---|" + "---|" * len(summaries)
+    columns = [_rows(s) for s in summaries]
+    lines = [header, rule]
+    for i, (label, _) in enumerate(columns[0] if columns else []):
+        lines.append(f"| {label} | " + " | ".join(column[i][1] for column in columns) + " |")
+    return "\n".join(lines)
+
+
+def write_report(
+    out_dir: Path,
+    trace: Trace,
+    results: Sequence[RunResult],
+    slo: Slo,
+    *,
+    ratios: Mapping[str, Mapping[str, float | None]] | None = None,
+    baseline: str | None = None,
+) -> list[Path]:
+    """Write ``report.md``, ``results.json`` and the plots; return the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = [summarize(result, slo) for result in results]
+    plots = write_plots(out_dir, results, slo)
+    workload = trace.workload
+    lines = [
+        f"# Load test: {workload.name}",
+        "",
+        workload.description,
+        "",
+        f"- targets: {', '.join(f'`{r.target.name}` {r.target.url} (model `{r.model}`)' for r in results)}",
+        f"- trace: seed {trace.seed}, prompt salt {trace.salt}, {len(trace.requests)} requests, "
+        f"{trace.prompt_tokens} prompt tokens, "
+        + (
+            f"closed loop at concurrency {workload.concurrency}"
+            if workload.closed_loop
+            else f"open loop ({workload.process}, CV {workload.cv:g}) at {workload.rate_rps:g} req/s"
+        )
+        + f" for {workload.duration_s:g} s",
+        f"- classes: {'; '.join(_describe_class(c) for c in workload.classes)}",
+        f"- SLOs: TTFT <= {slo.ttft_s:g} s and mean ITL <= {slo.itl_s:g} s",
+        "",
+        "## Summary",
+        "",
+        summary_table(summaries),
+        "",
+    ]
+    for summary in summaries:
+        lines += [f"> **{summary.target}**: {warning}" for warning in summary.warnings()]
+    for result in results:
+        if result.trace_exhausted:
+            lines.append(
+                f"> **{result.target.name}**: the trace ran out before the duration; raise --requests"
+            )
+    if len({r.class_name for result in results for r in result.records}) > 1:
+        lines += ["", "## By request class", "", class_table(results, slo), ""]
+    if ratios:
+        lines += ["", f"## Ratios against `{baseline}`", "", ratio_table(ratios), ""]
+    lines += ["", "## Plots", ""]
+    lines += [f"![{path.stem}]({path.name})" for path in plots]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    results_path = out_dir / "results.json"
+    results_path.write_bytes(
+        orjson.dumps(
+            {
+                "workload": _workload_doc(trace),
+                "slo": asdict(slo),
+                "baseline": baseline,
+                "ratios": ratios,
+                "summaries": [asdict(s) for s in summaries],
+                "runs": [_run_doc(result) for result in results],
+            }
+        )
+    )
+    return [report, results_path, *plots]
+
+
+def _describe_class(klass: Any) -> str:
+    text = (
+        f"{klass.name} (weight {klass.weight:g}): prompt {klass.prompt_tokens.describe()}, "
+        f"output {klass.output_tokens.describe()}"
+    )
+    if klass.system_prompts:
+        text += f", {klass.system_prompts} system prompts of {klass.system_prompt_tokens.describe()}"
+    if klass.turns.describe() != "1":
+        text += f", {klass.turns.describe()} turns"
+    return text
+
+
+def class_table(results: Sequence[RunResult], slo: Slo) -> str:
+    """Per target and request class: count, goodput share, TTFT p50/p95 and ITL p95."""
+    lines = [
+        "| target | class | requests | goodput | TTFT p50 / p95 | ITL p95 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        names = sorted({r.class_name for r in result.records})
+        for name in names:
+            records = [r for r in result.records if r.class_name == name]
+            ok = [r for r in records if r.ok]
+            good = sum(1 for r in records if r.meets_slo(slo.ttft_s, slo.itl_s))
+            ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+            itl = [gap for r in ok for gap in r.itl_s]
+            lines.append(
+                f"| {result.target.name} | {name} | {len(records)} | {good / len(records):.1%} | "
+                f"{_fmt_s(percentile(ttft, 0.5))} / {_fmt_s(percentile(ttft, 0.95))} | "
+                f"{_fmt_s(percentile(itl, 0.95))} |"
+            )
+    return "\n".join(lines)
+
+
+def ratio_table(ratios: Mapping[str, Mapping[str, float | None]]) -> str:
+    keys = ("goodput", "ttft_p95", "rejects")
+    lines = ["| target | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+    for name, row in ratios.items():
+        cells = ["-" if row.get(k) is None else f"{row[k]:.2f}x" for k in keys]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _workload_doc(trace: Trace) -> dict[str, Any]:
+    workload = trace.workload
+    return {
+        "name": workload.name,
+        "seed": trace.seed,
+        "salt": trace.salt,
+        "requests": len(trace.requests),
+        "prompt_tokens": trace.prompt_tokens,
+        "duration_s": workload.duration_s,
+        "rate_rps": None if workload.closed_loop else workload.rate_rps,
+        "concurrency": workload.concurrency,
+        "process": workload.process,
+        "cv": workload.cv,
+        "schedule": [[s.at_ratio, s.rate_x] for s in workload.schedule],
+    }
+
+
+def _run_doc(result: RunResult) -> dict[str, Any]:
+    return {
+        "target": result.target.name,
+        "url": result.target.url,
+        "model": result.model,
+        "started_epoch_s": result.started_epoch_s,
+        "wall_s": result.wall_s,
+        "cpu_s": result.cpu_s,
+        "records": [{**asdict(r), "itl_s": [round(gap, 6) for gap in r.itl_s]} for r in result.records],
+        "signals": [{"at_s": s.at_s, **s.payload} for s in result.signals],
+    }
+
+
+def timeline(records: Sequence[RequestRecord], slo: Slo, bucket_s: float = 1.0) -> dict[str, list[float]]:
+    """Per-bucket rates by completion time: sent, goodput and rejects (requests/s)."""
+    if not records:
+        return {"t_s": [], "sent": [], "goodput": [], "rejects": []}
+    end_s = max(r.sent_at_s + r.e2e_s for r in records)
+    buckets = int(end_s // bucket_s) + 1
+    sent = [0.0] * buckets
+    good = [0.0] * buckets
+    rejects = [0.0] * buckets
+    for r in records:
+        sent[int(r.sent_at_s // bucket_s)] += 1 / bucket_s
+        done = int((r.sent_at_s + r.e2e_s) // bucket_s)
+        if r.meets_slo(slo.ttft_s, slo.itl_s):
+            good[done] += 1 / bucket_s
+        if r.rejected:
+            rejects[done] += 1 / bucket_s
+    return {"t_s": [i * bucket_s for i in range(buckets)], "sent": sent, "goodput": good, "rejects": rejects}
+
+
+SIGNAL_FIELDS = (
+    "queued_requests",
+    "queued_prompt_tokens",
+    "pending_prompt_tokens",
+    "kv_occupancy_estimate_ratio",
+    "kv_occupancy_scraped_ratio",
+)
+
+
+def signal_series(samples: Sequence[SignalSample]) -> dict[str, dict[str, list[float]]]:
+    """Per pool, from kvgate's ``/signals``: time, requests and prompt tokens in kvgate's queue,
+    prompt tokens admitted but awaiting their first token, and KV occupancy as kvgate reserved it
+    and as the replicas reported it (NaN when not scraped). Missing counts read as 0."""
+    series: dict[str, dict[str, list[float]]] = {}
+    for sample in samples:
+        pools = sample.payload.get("pools")
+        if not isinstance(pools, Mapping):
+            continue
+        for pool, doc in pools.items():
+            if not isinstance(doc, Mapping):
+                continue
+            row = series.setdefault(str(pool), {"t_s": [], **{name: [] for name in SIGNAL_FIELDS}})
+            row["t_s"].append(sample.at_s)
+            for name in SIGNAL_FIELDS:
+                value = doc.get(name)
+                if value is None:
+                    value = math.nan if name == "kv_occupancy_scraped_ratio" else 0.0
+                row[name].append(float(value))
+    return series
+
+
+def write_plots(out_dir: Path, results: Sequence[RunResult], slo: Slo) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
+    for name, target_s in (("ttft_cdf", slo.ttft_s), ("itl_cdf", slo.itl_s)):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for result in results:
+            ok = [x for x in result.records if x.ok]
+            if name == "ttft_cdf":
+                values = sorted(x.ttft_s for x in ok if x.ttft_s is not None)
+            else:
+                values = sorted(gap for x in ok for gap in x.itl_s)
+            if values:
+                ax.plot(values, [(i + 1) / len(values) for i in range(len(values))], label=result.target.name)
+        ax.axvline(target_s, color="grey", linestyle="--", linewidth=1, label=f"SLO {target_s:g} s")
+        ax.set_xlabel(name.split("_")[0].upper() + " (s)")
+        ax.set_ylabel("fraction of requests")
+        ax.set_xscale("log")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+        paths.append(_save(fig, out_dir / f"{name}.png", plt))
+    fig, axes = plt.subplots(len(results), 1, figsize=(7, 2.6 * len(results)), squeeze=False)
+    for ax, result in zip(axes[:, 0], results, strict=True):
+        series = timeline(result.records, slo, bucket_s=max(1.0, round(result.wall_s / 40)))
+        ax.plot(series["t_s"], series["sent"], label="sent/s")
+        ax.plot(series["t_s"], series["goodput"], label="goodput/s")
+        ax.plot(series["t_s"], series["rejects"], label="rejects/s")
+        ax.set_title(result.target.name, fontsize="small")
+        ax.set_ylabel("req/s")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small", loc="upper right")
+    axes[-1, 0].set_xlabel("time since start (s)")
+    paths.append(_save(fig, out_dir / "rates.png", plt))
+    with_signals = [(result, signal_series(result.signals)) for result in results if result.signals]
+    if with_signals:
+        fig, axes = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+        for result, pools in with_signals:
+            for pool, row in pools.items():
+                label = f"{result.target.name}/{pool}" if len(results) > 1 else pool
+                line = axes[0].plot(
+                    row["t_s"], row["queued_prompt_tokens"], label=f"{label}: in kvgate queue"
+                )
+                color = line[0].get_color()
+                axes[0].plot(
+                    row["t_s"], row["pending_prompt_tokens"], color=color, linestyle="--",
+                    label=f"{label}: awaiting prefill",
+                )  # fmt: skip
+                axes[1].plot(
+                    row["t_s"], row["kv_occupancy_scraped_ratio"], color=color, label=f"{label}: replicas"
+                )
+                axes[1].plot(
+                    row["t_s"], row["kv_occupancy_estimate_ratio"], color=color, linestyle="--",
+                    label=f"{label}: kvgate reserved",
+                )  # fmt: skip
+        axes[0].set_ylabel("prompt tokens")
+        axes[1].set_ylabel("KV occupancy")
+        axes[1].set_ylim(0, 1.05)
+        axes[1].set_xlabel("time since start (s)")
+        for ax in axes:
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize="small", loc="upper right")
+        paths.append(_save(fig, out_dir / "kvgate_signals.png", plt))
+    return paths
+
+
+def _save(fig: Any, path: Path, plt: Any) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=PLOT_DPI)
+    plt.close(fig)
+    return path

@@ -1,0 +1,1 @@
+"""One module per routing policy, each implementing ``kvgate.routing.policy.Policy``."""

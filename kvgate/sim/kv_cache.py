@@ -1,0 +1,77 @@
+"""The KV block pool with a prefix cache, as vLLM v1's block manager keeps it.
+
+Blocks are integers ``0..num_blocks-1``. A block is either held (reference count > 0) or in the
+free queue. Full prompt blocks carry a chained hash (``kvgate.routing.prefix_hash``) and stay findable
+after their request ends: freed blocks join the tail of an LRU free queue and keep their hash
+until the queue hands them out again, so an idle cached block counts as free capacity yet can still
+be hit. A lookup walks a prompt's hashes and stops at the first miss. Invariant: every block is
+either in the free queue or referenced, never both.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        self.num_blocks = num_blocks
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage_ratio(self) -> float:
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def cached_prefix(self, hashes: Sequence[int]) -> list[int]:
+        """Blocks holding the longest cached prefix of ``hashes`` (not yet referenced)."""
+        hits: list[int] = []
+        for block_hash in hashes:
+            block = self._cached.get(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def touch(self, blocks: Sequence[int]) -> None:
+        """Take a reference on cache-hit blocks, pulling idle ones out of the free queue."""
+        for block in blocks:
+            if self._ref[block] == 0:
+                del self._free[block]
+            self._ref[block] += 1
+
+    def allocate(self, count: int) -> list[int] | None:
+        """``count`` fresh blocks, evicting the least recently freed; ``None`` if too few are free."""
+        if count > len(self._free):
+            return None
+        blocks: list[int] = []
+        for _ in range(count):
+            block, _unused = self._free.popitem(last=False)
+            old_hash = self._hash[block]
+            if old_hash is not None:
+                self._hash[block] = None
+                if self._cached.get(old_hash) == block:
+                    del self._cached[old_hash]
+            self._ref[block] = 1
+            blocks.append(block)
+        return blocks
+
+    def free(self, blocks: Sequence[int]) -> None:
+        """Drop one reference on each block; tail blocks go first, so they are evicted first."""
+        for block in reversed(blocks):
+            self._ref[block] -= 1
+            if self._ref[block] == 0:
+                self._free[block] = None
+
+    def register(self, block: int, block_hash: int) -> None:
+        """Make a just-filled block findable by its chained hash (first writer wins)."""
+        if self._hash[block] is None and block_hash not in self._cached:
+            self._hash[block] = block_hash
+            self._cached[block_hash] = block

@@ -1,0 +1,131 @@
+"""Renders one simulated engine as vLLM v1's ``/metrics`` page (Prometheus text format).
+
+Names, types and the ``model_name``/``engine`` labels follow vLLM v1's Prometheus logger, so the
+gateway's scraper and dashboards cannot tell the simulator from vLLM; ``vllm:cache_config_info``
+carries the label set of vLLM 0.11 (every ``CacheConfig`` field and ``engine``, no ``model_name``).
+The simulator's own health (how far its step loop ran behind schedule) and its role in disaggregated
+prefill/decode serving are exported next to them as ``kvgate_sim_*``.
+Rendered on demand by string building: a scrape costs nothing between scrapes.
+"""
+
+from __future__ import annotations
+
+from kvgate.sim.engine import Engine
+from kvgate.sim.stats import Histogram
+
+
+def _fmt(value: float) -> str:
+    return repr(float(value))
+
+
+def _cache_config_info(engine: Engine, engine_index: int) -> str:
+    """vLLM's info gauge of its ``CacheConfig``: every field a label (values as ``str()`` gives them,
+    ``None`` included), plus ``engine``, and unlike the other gauges no ``model_name``."""
+    profile = engine.profile
+    fields = {
+        "block_size": str(profile.block_size_tokens),
+        "cache_dtype": "auto",
+        "calculate_kv_scales": "False",
+        "cpu_kvcache_space_bytes": "None",
+        "cpu_offload_gb": "0.0",
+        "enable_prefix_caching": "True",
+        "engine": str(engine_index),
+        "gpu_memory_utilization": "0.9",
+        "is_attention_free": "False",
+        "kv_cache_memory_bytes": "None",
+        "kv_sharing_fast_prefill": "False",
+        "mamba_cache_dtype": "auto",
+        "mamba_page_size_padded": "None",
+        "mamba_ssm_cache_dtype": "auto",
+        "num_cpu_blocks": "None",
+        "num_gpu_blocks": str(profile.num_gpu_blocks),
+        "num_gpu_blocks_override": "None",
+        "prefix_caching_hash_algo": "sha256",
+        "sliding_window": "None",
+        "swap_space": "0.0",
+        "swap_space_bytes": "0.0",
+    }
+    return "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in fields.items()) + "} 1.0"
+
+
+def render_metrics(
+    engine: Engine, model: str, lag_s: float, role: str = "mixed", engine_index: int = 0
+) -> bytes:
+    labels = f'engine="{engine_index}",model_name="{model}"'
+    stats = engine.stats
+    lines: list[str] = []
+
+    def family(name: str, kind: str, help_text: str) -> None:
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+
+    def gauge(name: str, value: float, help_text: str) -> None:
+        family(name, "gauge", help_text)
+        lines.append(f"{name}{{{labels}}} {_fmt(value)}")
+
+    def counter(name: str, value: float, help_text: str) -> None:
+        family(f"{name}_total", "counter", help_text)
+        lines.append(f"{name}_total{{{labels}}} {_fmt(value)}")
+
+    def histogram(name: str, hist: Histogram, help_text: str) -> None:
+        family(name, "histogram", help_text)
+        for bound, cumulative in zip((*hist.bounds, float("inf")), hist.cumulative(), strict=True):
+            le = "+Inf" if bound == float("inf") else _fmt(bound)
+            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {_fmt(cumulative)}')
+        lines.append(f"{name}_count{{{labels}}} {_fmt(hist.count)}")
+        lines.append(f"{name}_sum{{{labels}}} {_fmt(hist.sum)}")
+
+    gauge("vllm:num_requests_running", engine.num_running, "Number of requests in model execution batches.")
+    gauge("vllm:num_requests_waiting", engine.num_waiting, "Number of requests waiting to be processed.")
+    gauge(
+        "vllm:kv_cache_usage_perc", engine.kv_cache_usage_ratio, "KV-cache usage. 1 means 100 percent usage."
+    )
+    counter("vllm:num_preemptions", stats.num_preemptions, "Cumulative number of preemption from the engine.")
+    counter(
+        "vllm:prefix_cache_queries",
+        stats.prefix_cache_queries_tokens,
+        "Prefix cache queries, in terms of number of queried tokens.",
+    )
+    counter(
+        "vllm:prefix_cache_hits",
+        stats.prefix_cache_hits_tokens,
+        "Prefix cache hits, in terms of number of cached tokens.",
+    )
+    counter(
+        "kvgate_sim_first_schedule_prefix_queries",
+        stats.first_schedule_queries_tokens,
+        "Prefix cache queries in tokens, each request's first schedule only (not again after preemption).",
+    )
+    counter(
+        "kvgate_sim_first_schedule_prefix_hits",
+        stats.first_schedule_hits_tokens,
+        "Prefix cache hits in tokens, each request's first schedule only (not again after preemption).",
+    )
+    counter("vllm:prompt_tokens", stats.prompt_tokens, "Number of prefill tokens processed.")
+    counter("vllm:generation_tokens", stats.generation_tokens, "Number of generation tokens processed.")
+    family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
+    for reason, count in stats.request_success.items():
+        lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {_fmt(count)}')
+    histogram(
+        "vllm:time_to_first_token_seconds", stats.ttft_s, "Histogram of time to first token in seconds."
+    )
+    histogram("vllm:inter_token_latency_seconds", stats.itl_s, "Histogram of inter-token latency in seconds.")
+    histogram("vllm:e2e_request_latency_seconds", stats.e2e_s, "Histogram of e2e request latency in seconds.")
+    histogram(
+        "vllm:request_queue_time_seconds",
+        stats.queue_s,
+        "Histogram of time spent in WAITING phase for request.",
+    )
+    family("vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig")
+    lines.append(_cache_config_info(engine, engine_index))
+    family("kvgate_sim_role_info", "gauge", "The replica's role in disaggregated serving (label role).")
+    lines.append(f'kvgate_sim_role_info{{{labels},role="{role}"}} 1.0')
+    counter("kvgate_sim_lag_seconds", lag_s, "Simulated seconds the step loop started steps behind schedule.")
+    counter("kvgate_sim_busy_seconds", stats.busy_s, "Simulated seconds the engine spent running steps.")
+    gauge(
+        "kvgate_sim_lag_ratio",
+        lag_s / stats.busy_s if stats.busy_s > 0 else 0.0,
+        "Lag behind schedule per busy second; a run above 0.05 is not faithful.",
+    )
+    lines.append("")
+    return "\n".join(lines).encode()

@@ -1,0 +1,750 @@
+"""One simulated vLLM replica: the OpenAI HTTP surface in front of one ``Engine``.
+
+The replica owns a listening socket, the engine, and the loop that steps it. The loop asks the
+engine for a step, sleeps the step's simulated duration times ``time_scale`` and then writes every
+produced token straight to its client's transport, one write per connection per step. Simulated
+time follows real time (divided by ``time_scale``) whenever the engine is idle. A loop that wakes
+a little late catches up by sleeping less on the next steps; only a slip too large to catch up is
+re-anchored and counted as lag, so ``lag_s / busy_s`` is the fraction by which the replica ran
+slower than its schedule. With ``time_scale == 0`` nothing sleeps: simulated time advances by step
+durations only, one step per loop turn.
+
+Lifecycle: ``starting`` (port closed: connections refused) → ``ready`` ⇄ ``paused`` (accepts, never
+answers) → ``draining`` (port closed, in-flight finish) → ``drained`` → ``removed``; or ``killed``
+from anywhere (open connections reset mid-stream, port closed); ``failed`` if the port could not be
+bound when loading ended.
+
+Role (as in vLLM's disaggregated prefill/decode serving with the NixlConnector): a ``mixed``
+replica serves requests whole. A ``prefill`` replica runs every request as a prefill instance given
+``max_tokens=1``: one token, and its response carries the ``kv_transfer_params`` a decode instance
+needs (``do_remote_prefill``, ``remote_engine_id``, ``remote_block_ids``, ``remote_host``,
+``remote_port``, ``remote_request_id``, ``tp_size``); the transfer is kept for the decode instance to
+pull until ``kv_transfer_timeout_s`` (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``), then dropped. A
+``decode`` replica given those parameters pulls the KV from ``remote_host:remote_port`` (the
+simulator's side channel is ``POST /kv/pull`` on the prefill replica's own port), waits the time
+the bytes take over ``kv_link_bytes_per_s``, and skips the prefill: its prompt blocks are allocated
+as if transferred and only the last prompt token runs before decoding. A pull that fails (the
+prefill replica is gone, the transfer id is unknown, already pulled or expired) fails the request as
+vLLM's ``fail`` load-failure policy does: a 500, or an error event and ``[DONE]`` on a stream. The
+prefill replica frees its KV blocks at its answer (vLLM holds them until the pull); the time a
+transfer occupies is charged on the decode side only. Without the parameters a decode replica
+serves the request as a mixed replica would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+
+from kvgate.admission.tokenizer import ChatTemplate, TiktokenTokenizer, Tokenizer
+from kvgate.routing.prefix_hash import block_hashes
+from kvgate.sim.engine import Engine, EngineRequest, StepResult
+from kvgate.sim.http import Connection, Request, chunk_frame, unframe
+from kvgate.sim.metrics import render_metrics
+from kvgate.sim.profile import Profile
+from kvgate.sim.protocol import (
+    DONE_CHUNK,
+    VLLM_VERSION,
+    WORDS,
+    ApiError,
+    GenerationRequest,
+    StreamTemplates,
+    full_response,
+    length_error,
+    model_not_found,
+    parse_body,
+    parse_generation,
+)
+from kvgate.vocabulary.replica import Role
+
+_ENCODE_CACHE_ENTRIES = 2048
+# A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far
+# behind in real seconds; beyond that it re-anchors on the clock and counts the gap as lag.
+_CATCH_UP_REAL_S = 0.05
+_METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+_NOT_FOUND = b'{"detail":"Not Found"}'
+_METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+_ROUTES = {
+    "/v1/chat/completions": "POST",
+    "/v1/completions": "POST",
+    "/tokenize": "POST",
+    "/v1/models": "GET",
+    "/health": "GET",
+    "/version": "GET",
+    "/metrics": "GET",
+    "/kv/pull": "POST",
+}
+_PULL_TIMEOUT_S = 5.0
+_HANDOFF_FIELDS = ("remote_request_id", "remote_host", "remote_port", "remote_block_ids")
+
+
+class _Exchange:
+    """One generation request in flight: its sequences (``n`` per prompt) and what its client was sent."""
+
+    __slots__ = (
+        "buf",
+        "chat",
+        "conn",
+        "created",
+        "finish_reasons",
+        "framed",
+        "include_usage",
+        "kv_transfer_params",
+        "model",
+        "prompt_tokens",
+        "record",
+        "remaining",
+        "replica",
+        "response_id",
+        "seqs",
+        "single_stream",
+        "templates",
+        "texts",
+    )
+
+    def __init__(
+        self,
+        replica: SimReplica,
+        conn: Connection,
+        chat: bool,
+        stream: bool,
+        include_usage: bool,
+        response_id: str,
+        model: str,
+        n: int,
+        prompt_tokens: int,
+        record: bytearray | None,
+    ) -> None:
+        self.replica = replica
+        self.conn = conn
+        self.chat = chat
+        self.include_usage = include_usage
+        self.response_id = response_id
+        self.model = model
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.record = record
+        self.remaining = n
+        self.seqs: list[EngineRequest] = []
+        self.buf: list[bytes] = []
+        self.texts: list[list[bytes]] = [[] for _ in range(n)]
+        self.finish_reasons = ["stop"] * n
+        self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
+        self.single_stream = stream and n == 1
+        self.framed: list[bytes | None] = [None] * len(WORDS)
+        self.kv_transfer_params: dict[str, object] | None = None
+
+    def send_token(self, seq: EngineRequest) -> None:
+        """The hot path: one mid-stream token of a single-choice stream, written at once."""
+        word = (seq.num_output_tokens * 7) % len(WORDS)
+        framed = self.framed[word]
+        if framed is None:
+            templates = self.templates
+            assert templates is not None
+            framed = self.framed[word] = chunk_frame(templates.heads[0] + WORDS[word] + templates.tail)
+        if self.record is not None:
+            self.record += unframe(framed)
+        transport = self.conn.transport
+        if transport is not None:
+            transport.write(framed)
+
+    def on_token(self, seq: EngineRequest, index: int) -> bool:
+        """Queue one produced token; True if this is the exchange's first token in this step."""
+        first = not self.buf
+        word = WORDS[(seq.num_output_tokens * 7 + index) % len(WORDS)]
+        templates = self.templates
+        if templates is None:
+            self.texts[index].append(word)
+            if first:
+                self.buf.append(b"")
+        else:
+            if templates.chat and seq.num_output_tokens == 1:
+                self.buf.append(templates.role_chunks[index])
+            if seq.finish_reason is None:
+                self.buf.append(templates.heads[index] + word + templates.tail)
+            else:
+                self.buf.append(
+                    templates.heads[index] + word + templates.tail_stop % seq.finish_reason.encode()
+                )
+        if seq.finish_reason is not None:
+            self.finish_reasons[index] = seq.finish_reason
+            self.remaining -= 1
+        return first
+
+    def flush(self) -> None:
+        conn = self.conn
+        done = self.remaining == 0
+        if self.templates is None:
+            self.buf.clear()
+            if done:
+                body = full_response(
+                    self.chat,
+                    self.response_id,
+                    self.created,
+                    self.model,
+                    [b"".join(t).decode() for t in self.texts],
+                    self.finish_reasons,
+                    self.prompt_tokens,
+                    sum(s.num_output_tokens for s in self.seqs),
+                    self.kv_transfer_params,
+                )
+                self._record(body)
+                self.replica._finish(self)
+                conn.respond(200, body)
+            return
+        if done:
+            if self.include_usage:
+                completion = sum(s.num_output_tokens for s in self.seqs)
+                self.buf.append(self.templates.usage_chunk(self.prompt_tokens, completion))
+            self.buf.append(DONE_CHUNK)
+        data = b"".join(self.buf)
+        self.buf.clear()
+        self._record(data)
+        if done:
+            self.replica._finish(self)
+            conn.end_stream(data)
+        else:
+            conn.send(data)
+
+    def _record(self, data: bytes) -> None:
+        if self.record is not None:
+            self.record += data
+
+    def on_disconnect(self) -> None:
+        for seq in self.seqs:
+            self.replica.engine.abort(seq)
+        self.replica._finish(self)
+
+
+class SimReplica:
+    def __init__(
+        self,
+        index: int,
+        profile: Profile,
+        model: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        time_scale: float = 1.0,
+        seed: int = 0,
+        record_streams: bool = False,
+        tokenizer: Tokenizer | None = None,
+        chat_template: ChatTemplate | None = None,
+        role: Role | str = Role.MIXED,
+    ) -> None:
+        if time_scale < 0:
+            raise ValueError(f"time_scale must be >= 0, got {time_scale}")
+        self.role = parse_role(role)
+        self.index = index
+        self.profile = profile
+        self.model = model
+        self.host = host
+        self.port = port
+        self.time_scale = time_scale
+        self.state = "starting"
+        self.engine = Engine(profile, seed=seed)
+        self.max_model_len = min(profile.max_model_len, profile.kv_capacity_tokens)
+        self.lag_s = 0.0
+        self._tokenizer: Tokenizer = tokenizer or TiktokenTokenizer.from_name()
+        self._template = chat_template or ChatTemplate()
+        self._encoded: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
+        self._records: dict[str, bytearray] | None = {} if record_streams else None
+        self._ids = itertools.count()
+        self._handoffs = itertools.count()
+        self._id_prefix = f"sim{seed:x}r{index}-"
+        self._conns: set[Connection] = set()
+        self._transfers: dict[str, tuple[float, int]] = {}
+        """Prefill role: KV kept for a decode instance, by transfer id: (expiry on the loop's
+        clock, bytes)."""
+        self._pulls: set[asyncio.Task[None]] = set()
+        self._exchanges: set[_Exchange] = set()
+        self._stalled: list[tuple[Connection, Request]] = []
+        self._server: asyncio.Server | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._ready = asyncio.Event()
+        self.error: OSError | None = None
+        self._t0 = asyncio.get_running_loop().time()
+        self._sim_end_s = 0.0
+        self.created = int(time.time())
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def sim_now(self) -> float:
+        """Simulated seconds since this replica was created."""
+        if self.time_scale == 0:
+            return self._sim_end_s
+        return (asyncio.get_running_loop().time() - self._t0) / self.time_scale
+
+    def recorded(self, request_id: str) -> bytes:
+        """Body bytes sent for ``request_id`` (its ``X-Request-Id`` or response id); b"" if unknown."""
+        if self._records is None:
+            raise RuntimeError("replica was started without record_streams=True")
+        return bytes(self._records.get(request_id, b""))
+
+    # lifecycle
+    async def start(self, cold_start_s: float = 0.0) -> None:
+        """Load (port closed for ``cold_start_s * time_scale``), then listen and serve."""
+        if cold_start_s > 0 and self.time_scale > 0:
+            await asyncio.sleep(cold_start_s * self.time_scale)
+        if self.state != "starting":
+            return
+        self._tokenizer.encode("load the vocabulary now, not on the first request")
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(
+                lambda: Connection(self._handle, self._conns), self.host, self.port, reuse_address=True
+            )
+        except OSError as exc:
+            self.state = "failed"
+            self.error = exc
+            self._ready.set()
+            raise
+        self.port = self._server.sockets[0].getsockname()[1]
+        self.engine.ready_s = self.sim_now()
+        self._loop_task = asyncio.create_task(self._run(), name=f"sim-replica-{self.index}")
+        self.state = "ready"
+        self._ready.set()
+
+    async def wait_ready(self) -> None:
+        """Wait until the replica serves; raises the ``OSError`` if its port could not be bound."""
+        await self._ready.wait()
+        if self.error is not None:
+            raise self.error
+
+    def pause(self) -> None:
+        if self.state == "ready":
+            self.state = "paused"
+
+    def resume(self) -> None:
+        if self.state != "paused":
+            return
+        self.state = "ready"
+        stalled, self._stalled = self._stalled, []
+        for conn, request in stalled:
+            if conn.transport is not None:
+                self._handle(conn, request)
+        self._wake.set()
+
+    async def drain(self) -> None:
+        """Stop accepting connections and wait for every in-flight request to finish."""
+        if self.state in ("paused", "ready"):
+            self.resume()
+            self.state = "draining"
+            self._close_listener()
+        if self.state == "draining":
+            await self._idle.wait()
+            self.state = "drained"
+
+    def kill(self) -> None:
+        """Die abruptly: reset every open connection mid-stream and refuse the port."""
+        if self.state in ("killed", "removed"):
+            return
+        self._close_listener()
+        self._teardown()
+        self.state = "killed"
+
+    async def stop(self) -> None:
+        self._close_listener()
+        self._teardown()
+        if self.state != "killed":
+            self.state = "removed"
+        if self._loop_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+
+    def _close_listener(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def _teardown(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for conn in list(self._conns):
+            conn.abort()
+        self.engine.abort_all()
+        for pull in self._pulls:
+            pull.cancel()
+        self._transfers.clear()
+        self._exchanges.clear()
+        self._stalled.clear()
+        self._idle.set()
+
+    # engine loop
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        engine = self.engine
+        scale = self.time_scale
+        catch_up_s = _CATCH_UP_REAL_S / scale if scale > 0 else 0.0
+        continuing = False
+        while True:
+            if not engine.has_work or self.state == "paused":
+                continuing = False
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            start_s = self._sim_end_s
+            behind_s = self.sim_now() - start_s
+            if not continuing or behind_s > catch_up_s:
+                # Idle, or too far behind to catch up by sleeping less: re-anchor on the clock.
+                start_s += max(0.0, behind_s)
+                if continuing:
+                    self.lag_s += behind_s
+            result = engine.step(start_s)
+            self._sim_end_s = result.end_s
+            if result.num_scheduled_tokens == 0:
+                continuing = False
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if scale > 0:
+                delay = self._t0 + result.end_s * scale - loop.time()
+                await asyncio.sleep(max(0.0, delay))
+            else:
+                await asyncio.sleep(0)
+            if self.state == "paused":
+                await self._wait_resumed()
+            self._deliver(result)
+            continuing = True
+
+    async def _wait_resumed(self) -> None:
+        while self.state == "paused":
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _deliver(self, result: StepResult) -> None:
+        touched: list[_Exchange] = []
+        for seq in result.produced:
+            exchange, index = seq.handle
+            if exchange.single_stream and seq.finish_reason is None and seq.num_output_tokens > 1:
+                exchange.send_token(seq)
+            elif exchange.on_token(seq, index):
+                touched.append(exchange)
+        for exchange in touched:
+            exchange.flush()
+
+    def _finish(self, exchange: _Exchange) -> None:
+        self._exchanges.discard(exchange)
+        if not self._exchanges:
+            self._idle.set()
+
+    # HTTP
+    def _handle(self, conn: Connection, request: Request) -> None:
+        if self.state == "paused":
+            self._stalled.append((conn, request))
+            return
+        try:
+            self._route(conn, request)
+        except Exception as exc:
+            error = ApiError(500, f"Internal server error: {type(exc).__name__}", "InternalServerError")
+            conn.respond(500, error.body())
+
+    def _route(self, conn: Connection, request: Request) -> None:
+        path = request.path
+        method = _ROUTES.get(path)
+        if method is None:
+            conn.respond(404, _NOT_FOUND)
+        elif method != request.method:
+            conn.respond(405, _METHOD_NOT_ALLOWED)
+        elif path == "/v1/chat/completions":
+            self._generate(conn, request, chat=True)
+        elif path == "/v1/completions":
+            self._generate(conn, request, chat=False)
+        elif path == "/metrics":
+            conn.respond(200, render_metrics(self.engine, self.model, self.lag_s, self.role), _METRICS_TYPE)
+        elif path == "/health":
+            conn.respond(200, b"")
+        elif path == "/v1/models":
+            conn.respond(200, self._models_body())
+        elif path == "/version":
+            conn.respond(200, orjson.dumps({"version": VLLM_VERSION}))
+        elif path == "/kv/pull":
+            self._serve_pull(conn, request)
+        else:
+            self._tokenize(conn, request)
+
+    def _encode(self, text: str) -> tuple[list[int], list[int]]:
+        cached = self._encoded.get(text)
+        if cached is not None:
+            self._encoded.move_to_end(text)
+            return cached
+        ids = self._tokenizer.encode(text)
+        entry = (ids, block_hashes(ids, self.profile.block_size_tokens))
+        self._encoded[text] = entry
+        if len(self._encoded) > _ENCODE_CACHE_ENTRIES:
+            self._encoded.popitem(last=False)
+        return entry
+
+    def _token_ids(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
+        """A prompt sent as token ids, with its block hashes (nothing to tokenise)."""
+        return token_ids, block_hashes(token_ids, self.profile.block_size_tokens)
+
+    def _generate(self, conn: Connection, request: Request, chat: bool) -> None:
+        """Run a generation request as vLLM does: each prompt of a completions batch is its own
+        request of ``n`` sequences, choice ``i * n + j`` being prompt ``i``'s ``j``-th; usage sums them."""
+        if self.state != "ready":
+            error = ApiError(503, "The server is shutting down.", "ServiceUnavailableError")
+            conn.respond(503, error.body())
+            return
+        parsed = parse_generation(request.body, chat, self.model)
+        if isinstance(parsed, ApiError):
+            conn.respond(parsed.status, parsed.body())
+            return
+        prompts = [self._encode(self._template.render(parsed.messages))] if chat else []
+        for prompt in parsed.prompts:
+            prompts.append(self._encode(prompt) if isinstance(prompt, str) else self._token_ids(prompt))
+        role = self.role
+        requested_max = 1 if role is Role.PREFILL else parsed.max_tokens
+        for token_ids, _hashes in prompts:
+            too_long = length_error(self.max_model_len, len(token_ids), requested_max)
+            if too_long is not None:
+                conn.respond(too_long.status, too_long.body())
+                return
+        kv_transferred = role is Role.DECODE and parsed.remote_prefill
+        handoff = parsed.kv_transfer_params or {}
+        if kv_transferred and any(handoff.get(name) is None for name in _HANDOFF_FIELDS):
+            missing = [name for name in _HANDOFF_FIELDS if handoff.get(name) is None]
+            error = ApiError(400, f"kv_transfer_params lacks {', '.join(missing)}.", "BadRequestError")
+            conn.respond(error.status, error.body())
+            return
+        header_id = request.headers.get(b"x-request-id")
+        base_id = header_id.decode("latin-1") if header_id else f"{self._id_prefix}{next(self._ids)}"
+        response_id = ("chatcmpl-" if chat else "cmpl-") + base_id
+        record = None
+        if self._records is not None:
+            record = bytearray()
+            self._records[response_id] = record
+            if header_id:
+                self._records[base_id] = record
+        choices = len(prompts) * parsed.n
+        exchange = _Exchange(
+            self,
+            conn,
+            chat,
+            parsed.stream,
+            parsed.include_usage,
+            response_id,
+            parsed.model,
+            choices,
+            sum(len(token_ids) for token_ids, _hashes in prompts),
+            record,
+        )
+        if role is Role.PREFILL:
+            exchange.kv_transfer_params = self._handoff_params(base_id, exchange.prompt_tokens)
+        self._exchanges.add(exchange)
+        self._idle.clear()
+        request.on_disconnect = exchange.on_disconnect
+        if parsed.stream:
+            # As vLLM's StreamingResponse: status and headers at once, events from the first token.
+            conn.start_stream()
+        if kv_transferred:
+            pull = asyncio.create_task(self._receive_kv(exchange, handoff, prompts, parsed, requested_max))
+            self._pulls.add(pull)
+            pull.add_done_callback(self._pulls.discard)
+            return
+        self._add_sequences(exchange, prompts, parsed, requested_max, kv_transferred=False)
+
+    def _add_sequences(
+        self,
+        exchange: _Exchange,
+        prompts: list[tuple[list[int], list[int]]],
+        parsed: GenerationRequest,
+        requested_max: int | None,
+        kv_transferred: bool,
+    ) -> None:
+        arrival_s = self.sim_now()
+        choices = len(prompts) * parsed.n
+        for index in range(choices):
+            token_ids, hashes = prompts[index // parsed.n]
+            max_tokens = requested_max if requested_max is not None else self.max_model_len - len(token_ids)
+            seq_id = exchange.response_id if choices == 1 else f"{exchange.response_id}-{index}"
+            exchange.seqs.append(
+                self.engine.add_request(
+                    seq_id,
+                    token_ids,
+                    max_tokens,
+                    arrival_s,
+                    min_tokens=parsed.min_tokens,
+                    ignore_eos=parsed.ignore_eos,
+                    prompt_hashes=hashes,
+                    handle=(exchange, index),
+                    kv_transferred=kv_transferred,
+                )
+            )
+        self._wake.set()
+
+    def _handoff_params(self, request_id: str, prompt_tokens: int) -> dict[str, object]:
+        """What a prefill instance's connector returns for the decode instance to pull the KV; the
+        transfer is kept until it is pulled or ``kv_transfer_timeout_s`` passes."""
+        profile = self.profile
+        blocks = -(-prompt_tokens // profile.block_size_tokens)
+        first_block = next(self._handoffs) * blocks % max(1, profile.num_gpu_blocks)
+        expires_s = asyncio.get_running_loop().time() + profile.kv_transfer_timeout_s * (
+            self.time_scale or 1.0
+        )
+        self._transfers[request_id] = (expires_s, prompt_tokens * profile.kv_bytes_per_token)
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self._id_prefix.rstrip("-"),
+            "remote_block_ids": list(range(first_block, first_block + blocks)),
+            "remote_request_id": request_id,
+            "remote_host": self.host,
+            "remote_port": self.port,
+            "tp_size": 1,
+        }
+
+    def _serve_pull(self, conn: Connection, request: Request) -> None:
+        """The side channel: a decode instance takes the KV of one transfer, once."""
+        body = parse_body(request.body)
+        transfer_id = body.get("remote_request_id") if isinstance(body, dict) else None
+        held = self._transfers.pop(transfer_id, None) if isinstance(transfer_id, str) else None
+        if held is None or held[0] < asyncio.get_running_loop().time():
+            message = f"no KV held for transfer {transfer_id!r} (unknown, already pulled or expired)"
+            conn.respond(404, orjson.dumps({"error": message}))
+            return
+        conn.respond(200, orjson.dumps({"bytes": held[1]}))
+
+    async def _receive_kv(
+        self,
+        exchange: _Exchange,
+        handoff: dict[str, Any],
+        prompts: list[tuple[list[int], list[int]]],
+        parsed: GenerationRequest,
+        requested_max: int | None,
+    ) -> None:
+        """Pull the prompt's KV from the prefill instance, spend the link's time on the bytes, then
+        decode; a failed pull fails the request."""
+        host, port = str(handoff["remote_host"]), int(handoff["remote_port"])
+        moved = await _pull(host, port, str(handoff["remote_request_id"]))
+        if exchange not in self._exchanges:
+            return
+        if isinstance(moved, str):
+            message = f"KV transfer for request {exchange.response_id} failed: {moved}"
+            error = ApiError(500, message, "InternalServerError")
+            self._finish(exchange)
+            if exchange.templates is None:
+                exchange.conn.respond(error.status, error.body())
+            else:
+                exchange.conn.end_stream(b"data: " + error.body() + b"\n\n" + DONE_CHUNK)
+            return
+        if self.time_scale > 0:
+            await asyncio.sleep(moved / self.profile.kv_link_bytes_per_s * self.time_scale)
+            if exchange not in self._exchanges:
+                return
+        self._add_sequences(exchange, prompts, parsed, requested_max, kv_transferred=True)
+
+    def _models_body(self) -> bytes:
+        return orjson.dumps(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": self.model,
+                        "object": "model",
+                        "created": self.created,
+                        "owned_by": "vllm",
+                        "root": self.model,
+                        "parent": None,
+                        "max_model_len": self.max_model_len,
+                        "permission": [
+                            {
+                                "id": f"modelperm-{self._id_prefix}",
+                                "object": "model_permission",
+                                "created": self.created,
+                                "allow_create_engine": False,
+                                "allow_sampling": True,
+                                "allow_logprobs": True,
+                                "allow_search_indices": False,
+                                "allow_view": True,
+                                "allow_fine_tuning": False,
+                                "organization": "*",
+                                "group": None,
+                                "is_blocking": False,
+                            }
+                        ],
+                    }
+                ],
+            }
+        )
+
+    def _tokenize(self, conn: Connection, request: Request) -> None:
+        body = parse_body(request.body)
+        if isinstance(body, ApiError):
+            conn.respond(body.status, body.body())
+            return
+        model = body.get("model") or self.model
+        if model != self.model:
+            error = model_not_found(str(model))
+            conn.respond(error.status, error.body())
+            return
+        messages = body.get("messages")
+        prompt = body.get("prompt")
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+            text = self._template.render(messages)
+        elif isinstance(prompt, str):
+            text = prompt
+        else:
+            error = ApiError(400, "Either `prompt` (a string) or `messages` (a list) is required.")
+            conn.respond(error.status, error.body())
+            return
+        token_ids, _hashes = self._encode(text)
+        conn.respond(
+            200,
+            orjson.dumps(
+                {
+                    "count": len(token_ids),
+                    "max_model_len": self.max_model_len,
+                    "tokens": token_ids,
+                    "token_strs": None,
+                }
+            ),
+        )
+
+
+def parse_role(role: Role | str) -> Role:
+    """``mixed``, ``prefill`` or ``decode``; anything else is a ``ValueError`` naming the choices."""
+    try:
+        return Role(role)
+    except ValueError:
+        choices = ", ".join(r.value for r in Role)
+        raise ValueError(f"role must be one of {choices}, got {role!r}") from None
+
+
+async def _pull(host: str, port: int, transfer_id: str) -> int | str:
+    """Take one transfer's KV from a prefill replica's side channel: the bytes moved, or why not."""
+    body = orjson.dumps({"remote_request_id": transfer_id})
+    head = b"POST /kv/pull HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n" % (
+        host.encode(),
+        port,
+    )
+    try:
+        async with asyncio.timeout(_PULL_TIMEOUT_S):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(head + b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+                answer = await reader.read()
+            finally:
+                writer.close()
+    except (OSError, TimeoutError) as exc:
+        return f"cannot reach the prefill instance at {host}:{port}: {exc!r}"
+    status_line, _, rest = answer.partition(b"\r\n")
+    payload = rest.partition(b"\r\n\r\n")[2]
+    try:
+        parsed = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        parsed = None
+    if not status_line.startswith(b"HTTP/1.1 200") or not isinstance(parsed, dict):
+        return str(parsed.get("error")) if isinstance(parsed, dict) else status_line.decode("latin-1")
+    return int(parsed["bytes"])

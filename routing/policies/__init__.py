@@ -1,1 +1,0 @@
-"""One module per routing policy, each implementing ``routing.policy.Policy``."""
