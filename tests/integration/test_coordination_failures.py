@@ -24,7 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from kvgate.admission.claims import Share
-from kvgate.gateway.coordination.coordinator import claims_key
+from kvgate.gateway.coordination.claim_script import claims_key
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
 from kvgate.gateway.state import GatewayState
 from kvgate.sim.fleet import SimFleet

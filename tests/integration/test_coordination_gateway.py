@@ -19,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from kvgate.admission.tokenizer import TiktokenTokenizer
-from kvgate.gateway.coordination.coordinator import claims_key
+from kvgate.gateway.coordination.claim_script import claims_key
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
 from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config

@@ -68,7 +68,7 @@ async def test_a_promise_made_by_one_gateway_is_kept_by_another(redis_url: str) 
             assert promised(a, 0.0) == 1
             b_coordinator = b.gateway.coordinator
             assert b_coordinator is not None
-            assert await eventually(lambda: bool(b_coordinator._learnt))
+            assert await eventually(lambda: bool(b_coordinator.shared_promises.learnt))
 
             loop = asyncio.get_running_loop()
             asked_at_s = loop.time()

@@ -13,7 +13,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from kvgate.gateway.coordination.coordinator import error_kind
+from kvgate.gateway.coordination.failures import error_kind
 from kvgate.gateway.telemetry.event_series import COORDINATION_ERROR_KINDS
 
 
