@@ -43,6 +43,7 @@ COMPILED_GATEWAY = (
     "request_path/prompt",
     "request_path/proxy",
     "request_path/relay",
+    "replicas/replica_connection",
     "replicas/replica_http",
     "edge/request_edge",
     "telemetry/sliding_windows",

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import uvloop
 
-from kvgate.gateway.replicas.replica_http import (
-    ReplicaClient,
+from kvgate.gateway.replicas.replica_errors import (
     ReplicaConnectError,
     ReplicaDisconnected,
     ReplicaProtocolError,
     ReplicaTimeout,
 )
+from kvgate.gateway.replicas.replica_http import ReplicaClient
 from tests.integration.conftest import eventually
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

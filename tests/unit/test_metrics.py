@@ -21,7 +21,7 @@ from kvgate.gateway.edge.errors import (
     TooManyRequests,
     Unauthorized,
 )
-from kvgate.gateway.replicas.replica_http import (
+from kvgate.gateway.replicas.replica_errors import (
     ReplicaConnectError,
     ReplicaDisconnected,
     ReplicaProtocolError,

@@ -36,7 +36,7 @@ import orjson
 from kvgate.admission.decision import Refusal
 from kvgate.admission.retry_after import RetryAfter
 from kvgate.admission.retry_after import retry_after as retry_after_hint
-from kvgate.gateway.replicas.replica_http import (
+from kvgate.gateway.replicas.replica_errors import (
     ReplicaConnectError,
     ReplicaDisconnected,
     ReplicaHTTPError,

@@ -17,7 +17,7 @@ from functools import partial
 from prometheus_client import CollectorRegistry
 
 from kvgate.gateway.edge.errors import GatewayError, ModelNotFound
-from kvgate.gateway.replicas.replica_http import ReplicaConnectError, ReplicaDisconnected, ReplicaHTTPError
+from kvgate.gateway.replicas.replica_errors import ReplicaConnectError, ReplicaDisconnected, ReplicaHTTPError
 from kvgate.gateway.telemetry.collectors import BucketHistogram, Counter
 
 POOL_MODEL = ("pool", "model")
