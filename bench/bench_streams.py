@@ -20,7 +20,7 @@ measured:
 
 A point is ``N@ITL_MS``; each runs direct first, then through a fresh gateway. A gateway holds two
 descriptors per stream (client and replica connection): points above what the descriptor limit
-allows (``kvgate.gateway.edge.http_protocol.connection_cap``) are refused before anything starts.
+allows (``kvgate.gateway.edge.edge_limits.connection_cap``) are refused before anything starts.
 
     python -m bench.bench_streams --backend-cost 1000@50
     python -m bench.bench_streams [--points 1000@1000,2000@1000,5000@1000,9900@1000,400@30]
@@ -516,7 +516,7 @@ def measure(
 
 def largest_point(descriptors: int) -> int:
     """Most streams one gateway holds under ``descriptors`` (its connection cap, as at start)."""
-    from kvgate.gateway.edge.http_protocol import connection_cap
+    from kvgate.gateway.edge.edge_limits import connection_cap
 
     return connection_cap(UPSTREAM_CONNECTIONS, UPSTREAM_CONNECTIONS, descriptors)
 

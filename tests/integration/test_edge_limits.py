@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from kvgate.gateway.edge.http_protocol import RESERVED_DESCRIPTORS, connection_cap, raise_descriptor_limit
+from kvgate.gateway.edge.edge_limits import RESERVED_DESCRIPTORS, connection_cap, raise_descriptor_limit
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
 from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config

@@ -16,11 +16,9 @@ untrusted clients needs, enforced where the bytes arrive, before any request rea
   never pauses writing, so a stream slow to start is not cut.
 - **Malformed requests:** a request httptools cannot parse is an OpenAI-shaped 400, not logged (a
   client could flood the log).
-- **The proxy's hot path:** a request finds a ``RequestEdge`` (``kvgate/gateway/edge/request_edge.py``) under
-  the ``REQUEST_EDGE`` scope extension: it writes a chunk of the request's chunked response at once
-  from a plain call, as ``send`` would write it (the relay writes a stream's tokens with it from the
-  replica's read callback), and calls back when the client goes, where ``receive()`` would answer
-  ``http.disconnect``.
+- **The proxy's hot path:** a request finds its ``RequestEdge`` (``request_edge``) under the
+  ``REQUEST_EDGE`` scope extension: a chunk written from a plain call, a whole response in one
+  write, a callback when the client goes.
 - **The completion routes without the ASGI dispatch:** a ``POST`` to one of ``HOT_PATHS`` (the URL
   exactly: no query, no escapes) goes straight to the route the application offers
   (``edge_protocol``'s ``hot_route``), under uvicorn's own request cycle (its ``send``,
@@ -29,12 +27,9 @@ untrusted clients needs, enforced where the bytes arrive, before any request rea
   URL parsing and the application's dispatch are skipped. Any other request, a pipelined one
   waiting behind another, or one arriving while the application offers no route (starting,
   draining) takes uvicorn's way.
-- **Whole responses in one write:** ``RequestEdge.respond`` writes a response whose body is all
-  known (a non-streamed answer, an error) as one ``write`` of status line, headers and body, where
-  ``send`` writes the head and the body apart: one system call and one segment fewer to the client.
 - **Connection cap:** beyond ``max_connections`` a new connection closes the longest-idle one (no
   request begun on it: NGINX's reusable connections); with none idle it gets a 503 and is closed.
-  The cap is lowered at start to fit the descriptor limit, whose soft value is raised to the hard.
+  The cap fits the descriptor limit (``edge_limits``).
 
 Nothing here runs per response chunk but ``RequestEdge``'s check and write: timers are armed per
 connection, per request only when its headers or body span reads, and per flow-control pause. The
@@ -51,11 +46,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import resource
 import socket
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import httptools
@@ -65,6 +58,7 @@ from uvicorn.server import ServerState
 
 from kvgate.config.schema import Server
 from kvgate.gateway.asgi import ASGIApp
+from kvgate.gateway.edge.edge_limits import EdgeLimits, edge_limits
 from kvgate.gateway.edge.errors import (
     BadRequest,
     GatewayError,
@@ -78,8 +72,6 @@ logger = logging.getLogger("kvgate.edge")
 
 LINGER_S = 2.0
 """Seconds a refused connection stays half-open (not reading) so its client can read the answer."""
-RESERVED_DESCRIPTORS = 128
-"""Descriptors kept out of the connection cap: listeners, Redis, DNS, health probes, files."""
 REFUSED_RETRY_AFTER_S = 1.0
 
 _IDLE = 0
@@ -99,63 +91,11 @@ class _Refused(Exception):
     """Raised from a parser callback to stop the parser once the request has been refused."""
 
 
-@dataclass(frozen=True, slots=True)
-class EdgeLimits:
-    header_timeout_s: float
-    body_timeout_s: float
-    body_min_rate_bytes_per_s: float
-    send_timeout_s: float
-    send_buffer_bytes: int
-    max_connections: int
-    max_header_bytes: int
-    max_headers: int
-
-
-def raise_descriptor_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit; returns the soft limit now in force."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft < hard:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-        except (ValueError, OSError) as exc:
-            logger.warning("cannot raise the descriptor limit from %d to %d: %s", soft, hard, exc)
-    return soft if soft != resource.RLIM_INFINITY else 1 << 30
-
-
-def connection_cap(max_connections: int, upstream_connections: int, descriptors: int) -> int:
-    """Most client connections that fit in ``descriptors`` beside the upstream pool.
-
-    Each client connection needs at most one upstream connection at a time, so client connections
-    get at least half of what the reserve leaves, and all of it but the upstream pool's when that
-    is smaller."""
-    spare = max(descriptors - RESERVED_DESCRIPTORS, 2)
-    return max(1, min(max_connections, max(spare // 2, spare - upstream_connections)))
-
-
 def edge_protocol(server: Server, hot_route: HotRoute | None = None) -> type[EdgeProtocol]:
     """The protocol class for one uvicorn server: its limits, its own registry of idle connections
     and the route that serves ``HOT_PATHS``, if any. Raises the descriptor limit and fits the
     connection cap under it."""
-    descriptors = raise_descriptor_limit()
-    cap = connection_cap(server.max_connections, server.upstream_connections, descriptors)
-    if cap < server.max_connections:
-        logger.warning(
-            "client connections capped at %d (server.max_connections %d) to fit %d descriptors",
-            cap,
-            server.max_connections,
-            descriptors,
-        )
-    limits = EdgeLimits(
-        header_timeout_s=server.header_timeout_s,
-        body_timeout_s=server.body_timeout_s,
-        body_min_rate_bytes_per_s=server.body_min_rate_bytes_per_s,
-        send_timeout_s=server.send_timeout_s,
-        send_buffer_bytes=server.client_send_buffer_bytes,
-        max_connections=cap,
-        max_header_bytes=server.max_header_bytes,
-        max_headers=server.max_headers,
-    )
+    limits = edge_limits(server)
 
     class BoundEdgeProtocol(EdgeProtocol):
         pass
