@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.bench_autoscale.scenario import MIN_REPLICAS
-from kvgate.autoscaler.policy import Recommendation
+from kvgate.autoscaler.recommendation import Recommendation
 from kvgate.loadtest.workload import Workload, parse_workload
 
 SCALE_RATIO = 6.0

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TextIO
 
 import aiohttp
 
-from kvgate.autoscaler.policy import Recommendation
+from kvgate.autoscaler.recommendation import Recommendation
 
 LIVE_SIM_STATES = frozenset({"starting", "ready", "paused"})
 

@@ -25,7 +25,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from kvgate.autoscaler.actuators import Actuator
-from kvgate.autoscaler.policy import Autoscaler, Recommendation
+from kvgate.autoscaler.policy import Autoscaler
+from kvgate.autoscaler.recommendation import Recommendation
 from kvgate.autoscaler.signals import merge_signals, pool_signals
 from kvgate.config.autoscaler import AutoscalerConfig
 from kvgate.vocabulary.clock import Clock

@@ -50,132 +50,30 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvgate.autoscaler.signals import PoolSignals
-from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
-from kvgate.vocabulary.replica import Role
-
-SCALE_OUT_OCCUPANCY_TTFT = "scale_out_occupancy_ttft"
-SCALE_OUT_BACKLOG_TTFT = "scale_out_backlog_ttft"
-SCALE_OUT_OCCUPANCY_ITL = "scale_out_occupancy_itl"
-SCALE_OUT_QUEUE_WAIT = "scale_out_queue_wait"
-SCALE_OUT_TOKEN_RATE = "scale_out_token_rate"
-SCALE_OUT_SEQUENCES = "scale_out_sequences"
-SCALE_OUT_KV = "scale_out_kv"
-SCALE_IN_IDLE = "scale_in_idle"
-SCALE_IN_TOKEN_RATE = "scale_in_token_rate"
-HOLD = "hold"
-HOLD_COLD_START = "hold_cold_start"
-HOLD_STABILIZING = "hold_stabilizing"
-MIN_REPLICAS = "min_replicas"
-MAX_REPLICAS = "max_replicas"
-REASONS = (
-    SCALE_OUT_OCCUPANCY_TTFT,
-    SCALE_OUT_BACKLOG_TTFT,
-    SCALE_OUT_OCCUPANCY_ITL,
-    SCALE_OUT_QUEUE_WAIT,
-    SCALE_OUT_TOKEN_RATE,
-    SCALE_OUT_SEQUENCES,
-    SCALE_OUT_KV,
-    SCALE_IN_IDLE,
-    SCALE_IN_TOKEN_RATE,
+from kvgate.autoscaler.recommendation import (
     HOLD,
     HOLD_COLD_START,
     HOLD_STABILIZING,
-    MIN_REPLICAS,
     MAX_REPLICAS,
+    MIN_REPLICAS,
+    SCALE_IN_IDLE,
+    SCALE_IN_TOKEN_RATE,
+    SCALE_OUT_KV,
+    SCALE_OUT_SEQUENCES,
+    SCALE_OUT_TOKEN_RATE,
+    Recommendation,
 )
-
+from kvgate.autoscaler.rules import backlogged, idle, replicas_for_rate, scale_out_reason, unhurried
+from kvgate.autoscaler.signals import PoolSignals
+from kvgate.autoscaler.trend import residual, slope, trend_at
+from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
+from kvgate.vocabulary.replica import Role
 
 NOISE_SPREAD = 2.0
 """Standard deviations of the sizing window's work around its trend that the scale-in hysteresis
 covers, up to ``scale_in_hysteresis_replicas``."""
-
-
-@dataclass(frozen=True, slots=True)
-class Recommendation:
-    pool: str
-    desired_replicas: int
-    reason: str
-    """One of ``REASONS``: bounded, so it can be a metric label."""
-    detail: str = ""
-    """The numbers behind the decision, for logs and humans."""
-
-
-def replicas_for_rate(rate_per_s: float, capacity_per_s: float, utilization_ratio: float) -> int:
-    """``ceil(R / (C x U_target))``: replicas that carry ``rate_per_s`` at the target utilisation."""
-    return math.ceil(rate_per_s / (capacity_per_s * utilization_ratio) - 1e-9)
-
-
-def scale_out_reason(s: PoolSignals, p: PoolPolicy) -> str | None:
-    """The first scale-out rule ``s`` satisfies at its instant, or None."""
-    if s.role in (Role.PREFILL, Role.MIXED) and _slow(s.ttft_p95_s, p.scale_out_ttft_s) and _full(s, p):
-        return SCALE_OUT_BACKLOG_TTFT if s.role is Role.PREFILL else SCALE_OUT_OCCUPANCY_TTFT
-    if s.role in (Role.DECODE, Role.MIXED) and _full(s, p) and _slow(s.itl_p95_s, p.scale_out_itl_s):
-        return SCALE_OUT_OCCUPANCY_ITL
-    if _slow(s.queue_wait_p95_s, p.scale_out_queue_wait_s) and _full(s, p):
-        return SCALE_OUT_QUEUE_WAIT
-    return None
-
-
-def _full(s: PoolSignals, p: PoolPolicy) -> bool:
-    """The pool's load half of a conjunction: prompt backlog for prefill, KV occupancy otherwise."""
-    if s.role is Role.PREFILL:
-        return _prefill_per_replica(s) > p.scale_out_prefill_tokens_per_replica
-    return s.kv_occupancy_ratio > p.scale_out_occupancy_ratio
-
-
-def idle(s: PoolSignals, p: PoolPolicy) -> bool:
-    """Every phase of the pool is both lightly loaded and fast at ``s``'s instant."""
-    if _slow(s.queue_wait_p95_s, p.scale_in_ttft_s):
-        return False
-    prefill_idle = _fast(s.ttft_p95_s, p.scale_in_ttft_s) and (
-        _prefill_per_replica(s) < p.scale_in_prefill_tokens_per_replica
-        if s.role is Role.PREFILL
-        else s.kv_occupancy_ratio < p.scale_in_occupancy_ratio
-    )
-    decode_idle = s.kv_occupancy_ratio < p.scale_in_occupancy_ratio and _fast(s.itl_p95_s, p.scale_in_itl_s)
-    if s.role is Role.PREFILL:
-        return prefill_idle
-    if s.role is Role.DECODE:
-        return decode_idle
-    return prefill_idle and decode_idle
-
-
-def _unhurried(s: PoolSignals, p: PoolPolicy) -> bool:
-    """No latency near its scale-out target: the served rates are the demand, not a ceiling the
-    fleet imposes (a saturated pool's served rates fill its replicas and never fit fewer)."""
-    return (
-        _fast(s.ttft_p95_s, p.scale_out_ttft_s)
-        and _fast(s.itl_p95_s, p.scale_out_itl_s)
-        and _fast(s.queue_wait_p95_s, p.scale_out_queue_wait_s)
-    )
-
-
-def _slow(value_s: float | None, limit_s: float) -> bool:
-    return value_s is not None and value_s > limit_s
-
-
-def _fast(value_s: float | None, limit_s: float) -> bool:
-    return value_s is None or value_s < limit_s
-
-
-def _backlogged(s: PoolSignals, p: PoolPolicy) -> int:
-    """Prompt tokens waiting that are a backlog: none on a pool within every latency target whose ready
-    replicas hold them within ``scale_out_prefill_tokens_per_replica`` each, all of them otherwise.
-    The first are prompts in flight (a document admitted and not yet prefilled, a 15 s read's snapshot
-    of work served within its targets): counted as arrivals left unserved, 6.8k prompt tokens waiting
-    on a one-replica pool asked for a second replica minutes before one was needed."""
-    in_flight = p.scale_out_prefill_tokens_per_replica * s.replicas_ready
-    if _unhurried(s, p) and s.prompt_tokens_queued <= in_flight:
-        return 0
-    return s.prompt_tokens_queued
-
-
-def _prefill_per_replica(s: PoolSignals) -> float:
-    return s.prompt_tokens_queued / max(1, s.replicas_ready)
 
 
 class _RateSample(NamedTuple):
@@ -187,7 +85,7 @@ class _RateSample(NamedTuple):
     queued_tokens: int
     """Prompt tokens waiting."""
     backlog_tokens: int
-    """Of those, the ones that are a backlog (``_backlogged``)."""
+    """Of those, the ones that are a backlog (``backlogged``)."""
     unhurried: bool
 
 
@@ -246,7 +144,7 @@ class PoolAutoscaler:
             # large contexts coming and going, and undoing the step takes a scale-out window of it.
             floors = list(self._floors)[-2:] if self._kv_growth() > 0 else self._floors
             floor = min(f for _, f in floors)
-        elif floor_reason == SCALE_OUT_TOKEN_RATE and _unhurried(s, p) and self._unserved(backlog=True) == 0:
+        elif floor_reason == SCALE_OUT_TOKEN_RATE and unhurried(s, p) and self._unserved(backlog=True) == 0:
             # Served rates alone, on a pool within every latency target with no backlog growing:
             # one sample above the one before is as likely a cluster of long requests finishing
             # together as more demand, and waiting one sample for a second costs nothing the
@@ -319,8 +217,8 @@ class PoolAutoscaler:
                     s.prompt_tokens_per_s,
                     s.output_tokens_per_s,
                     s.prompt_tokens_queued,
-                    _backlogged(s, p),
-                    _unhurried(s, p),
+                    backlogged(s, p),
+                    unhurried(s, p),
                 )
             )
         while len(self._rates) > 2 and self._rates[1].time_s <= s.time_s - p.growth_window_s:
@@ -330,7 +228,7 @@ class PoolAutoscaler:
             self._kv_in_use.popleft()
         rates_sized, kv_sized = self._sized_for(s)
         sized = max(rates_sized, kv_sized)
-        if not (sized < s.replicas_current and _unhurried(s, p)):
+        if not (sized < s.replicas_current and unhurried(s, p)):
             self._shrink_since_s = None
         elif self._shrink_since_s is None:
             self._shrink_since_s, self._sized, self._kv_sized = s.time_s, sized, kv_sized
@@ -347,7 +245,7 @@ class PoolAutoscaler:
     def _unserved(self, backlog: bool = False) -> float:
         """Prompt tokens/s arriving beyond what is served: the growth of the prompt tokens waiting
         since the previous sample (a saturated pool serves at its ceiling whatever arrives); with
-        ``backlog``, of those that are a backlog only (``_backlogged``)."""
+        ``backlog``, of those that are a backlog only (``backlogged``)."""
         if len(self._rates) < 2:
             return 0.0
         previous, last = self._rates[-2], self._rates[-1]
@@ -388,7 +286,7 @@ class PoolAutoscaler:
         rates = [r for r in self._rates if r.unhurried]
         if len(rates) < 2 or rates[-1].time_s - rates[0].time_s < self.policy.growth_window_s / 2:
             return 0.0
-        return _slope(
+        return slope(
             [(r.time_s, self._share(s, r.prompt_tokens_per_s, r.output_tokens_per_s) or 0.0) for r in rates]
         )
 
@@ -402,7 +300,7 @@ class PoolAutoscaler:
         if self._settled_s is not None:
             # The backlog replicas asked for now will find: what waits now and what arrives unserved
             # until they serve. While asked-for replicas come up, that ask already covered it.
-            backlog = (_backlogged(s, p) + unserved * p.cold_start_s) / p.backlog_drain_s
+            backlog = (backlogged(s, p) + unserved * p.cold_start_s) / p.backlog_drain_s
         share = self._projected_share(s, unserved, backlog)
         if share is not None:
             best = replicas_for_rate(share, 1.0, p.target_utilization_ratio)
@@ -465,9 +363,9 @@ class PoolAutoscaler:
         while self._works[0][0] < s.time_s - p.scale_in_sizing_window_s:
             self._works.popleft()
         works = [(t, max(demand, held)) for t, demand, held in self._works]
-        hysteresis = min(p.scale_in_hysteresis_replicas, NOISE_SPREAD * _residual(works))
+        hysteresis = min(p.scale_in_hysteresis_replicas, NOISE_SPREAD * residual(works))
         shares = [(t, demand) for t, demand, _ in self._works]
-        demand = max(_trend_at(shares, s.time_s), share) if len(shares) >= 3 else share
+        demand = max(trend_at(shares, s.time_s), share) if len(shares) >= 3 else share
         return (
             replicas_for_rate(demand + hysteresis, 1.0, p.target_utilization_ratio),
             replicas_for_rate(kv + hysteresis, 1.0, p.target_utilization_ratio),
@@ -480,7 +378,7 @@ class PoolAutoscaler:
         kv = list(self._kv_in_use)
         if kv[-1][0] - kv[0][0] < self.policy.scale_down_delay_s / 2:
             return 0.0
-        return _slope(kv)
+        return slope(kv)
 
     def _record(self, desired: int, current: int, now_s: float) -> None:
         previous = self._desired if self._desired is not None else current
@@ -498,37 +396,6 @@ class PoolAutoscaler:
             else:
                 self._last_in_s = now_s
         self._desired = desired
-
-
-def _slope(points: list[tuple[float, float]]) -> float:
-    """Least-squares slope of ``(time, value)`` points: every sample of the window weighs in, so one
-    noisy sample at either end does not read as growth."""
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    spread = sum((t - mean_t) ** 2 for t, _ in points)
-    return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread if spread > 0 else 0.0
-
-
-def _trend_at(points: list[tuple[float, float]], time_s: float) -> float:
-    """The value of the least-squares line of ``(time, value)`` points at ``time_s``."""
-    n = len(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    return mean_v + _slope(points) * (time_s - mean_t)
-
-
-def _residual(points: list[tuple[float, float]]) -> float:
-    """Standard deviation of ``(time, value)`` points around their least-squares line: the noise
-    of a series without its trend (a ramp's steady fall is not noise); inf under three points, too
-    few to tell noise from trend."""
-    n = len(points)
-    if n < 3:
-        return math.inf
-    slope = _slope(points)
-    mean_t = sum(t for t, _ in points) / n
-    mean_v = sum(v for _, v in points) / n
-    return math.sqrt(sum((v - mean_v - slope * (t - mean_t)) ** 2 for t, v in points) / (n - 2))
 
 
 def _fmt(value_s: float | None) -> str:

@@ -12,7 +12,7 @@ import aiohttp
 import httpx
 
 from kvgate.autoscaler.actuators import SimActuator
-from kvgate.autoscaler.policy import Recommendation
+from kvgate.autoscaler.recommendation import Recommendation
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
 from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config

@@ -12,7 +12,7 @@ import urllib3
 from kubernetes import client
 
 from kvgate.autoscaler.actuators import KubernetesActuator
-from kvgate.autoscaler.policy import Recommendation
+from kvgate.autoscaler.recommendation import Recommendation
 
 NAMESPACE = "inference"
 DEPLOYMENT = "vllm-decode"

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kvgate.autoscaler.policy import SCALE_OUT_OCCUPANCY_ITL
+from kvgate.autoscaler.recommendation import SCALE_OUT_OCCUPANCY_ITL
 from kvgate.autoscaler.signals import merge_signals, pool_signals
 from kvgate.cli import main
 from kvgate.cli.autoscale import load_autoscaler_config, register, run_autoscale

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from kvgate.autoscaler.policy import (
+from kvgate.autoscaler.policy import Autoscaler, PoolAutoscaler
+from kvgate.autoscaler.recommendation import (
     HOLD,
     HOLD_COLD_START,
     HOLD_STABILIZING,
@@ -23,11 +24,9 @@ from kvgate.autoscaler.policy import (
     SCALE_OUT_QUEUE_WAIT,
     SCALE_OUT_SEQUENCES,
     SCALE_OUT_TOKEN_RATE,
-    Autoscaler,
-    PoolAutoscaler,
     Recommendation,
-    replicas_for_rate,
 )
+from kvgate.autoscaler.rules import replicas_for_rate
 from kvgate.autoscaler.signals import PoolSignals
 from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
 from kvgate.vocabulary.replica import Role

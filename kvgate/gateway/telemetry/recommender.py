@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from kvgate.autoscaler.policy import Autoscaler, Recommendation
+from kvgate.autoscaler.policy import Autoscaler
+from kvgate.autoscaler.recommendation import Recommendation
 from kvgate.autoscaler.signals import pool_signals
 from kvgate.config.autoscaler import AutoscalerConfig
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
