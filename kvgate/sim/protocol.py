@@ -286,3 +286,46 @@ def full_response(
             "kv_transfer_params": kv_transfer_params,
         }
     )
+
+
+def models_body(model: str, max_model_len: int, created: int, id_prefix: str) -> bytes:
+    """``GET /v1/models`` as vLLM answers it for one served model."""
+    return orjson.dumps(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": model,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "vllm",
+                    "root": model,
+                    "parent": None,
+                    "max_model_len": max_model_len,
+                    "permission": [
+                        {
+                            "id": f"modelperm-{id_prefix}",
+                            "object": "model_permission",
+                            "created": created,
+                            "allow_create_engine": False,
+                            "allow_sampling": True,
+                            "allow_logprobs": True,
+                            "allow_search_indices": False,
+                            "allow_view": True,
+                            "allow_fine_tuning": False,
+                            "organization": "*",
+                            "group": None,
+                            "is_blocking": False,
+                        }
+                    ],
+                }
+            ],
+        }
+    )
+
+
+def tokenize_body(token_ids: list[int], max_model_len: int) -> bytes:
+    """``POST /tokenize`` as vLLM answers it."""
+    return orjson.dumps(
+        {"count": len(token_ids), "max_model_len": max_model_len, "tokens": token_ids, "token_strs": None}
+    )

@@ -14,21 +14,8 @@ answers) → ``draining`` (port closed, in-flight finish) → ``drained`` → ``
 from anywhere (open connections reset mid-stream, port closed); ``failed`` if the port could not be
 bound when loading ended.
 
-Role (as in vLLM's disaggregated prefill/decode serving with the NixlConnector): a ``mixed``
-replica serves requests whole. A ``prefill`` replica runs every request as a prefill instance given
-``max_tokens=1``: one token, and its response carries the ``kv_transfer_params`` a decode instance
-needs (``do_remote_prefill``, ``remote_engine_id``, ``remote_block_ids``, ``remote_host``,
-``remote_port``, ``remote_request_id``, ``tp_size``); the transfer is kept for the decode instance to
-pull until ``kv_transfer_timeout_s`` (vLLM's ``VLLM_NIXL_ABORT_REQUEST_TIMEOUT``), then dropped. A
-``decode`` replica given those parameters pulls the KV from ``remote_host:remote_port`` (the
-simulator's side channel is ``POST /kv/pull`` on the prefill replica's own port), waits the time
-the bytes take over ``kv_link_bytes_per_s``, and skips the prefill: its prompt blocks are allocated
-as if transferred and only the last prompt token runs before decoding. A pull that fails (the
-prefill replica is gone, the transfer id is unknown, already pulled or expired) fails the request as
-vLLM's ``fail`` load-failure policy does: a 500, or an error event and ``[DONE]`` on a stream. The
-prefill replica frees its KV blocks at its answer (vLLM holds them until the pull); the time a
-transfer occupies is charged on the decode side only. Without the parameters a decode replica
-serves the request as a mixed replica would.
+Role: a ``mixed`` replica serves requests whole; a ``prefill`` or ``decode`` one serves its half of
+vLLM's disaggregated serving (``kv_transfer``).
 """
 
 from __future__ import annotations
@@ -37,33 +24,32 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections import OrderedDict
 from typing import Any
 
 import orjson
 
 from kvgate.admission.tokenizer import ChatTemplate, TiktokenTokenizer, Tokenizer
-from kvgate.routing.prefix_hash import block_hashes
-from kvgate.sim.engine import Engine, EngineRequest, StepResult
-from kvgate.sim.http import Connection, Request, chunk_frame, unframe
+from kvgate.sim.engine import Engine, StepResult
+from kvgate.sim.exchange import Exchange
+from kvgate.sim.http import Connection, Request
+from kvgate.sim.kv_transfer import HANDOFF_FIELDS, KvTransfers, pull
 from kvgate.sim.metrics import render_metrics
 from kvgate.sim.profile import Profile
+from kvgate.sim.prompts import PromptEncoder
 from kvgate.sim.protocol import (
     DONE_CHUNK,
     VLLM_VERSION,
-    WORDS,
     ApiError,
     GenerationRequest,
-    StreamTemplates,
-    full_response,
     length_error,
     model_not_found,
+    models_body,
     parse_body,
     parse_generation,
+    tokenize_body,
 )
 from kvgate.vocabulary.replica import Role
 
-_ENCODE_CACHE_ENTRIES = 2048
 # A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far
 # behind in real seconds; beyond that it re-anchors on the clock and counts the gap as lag.
 _CATCH_UP_REAL_S = 0.05
@@ -80,146 +66,6 @@ _ROUTES = {
     "/metrics": "GET",
     "/kv/pull": "POST",
 }
-_PULL_TIMEOUT_S = 5.0
-_HANDOFF_FIELDS = ("remote_request_id", "remote_host", "remote_port", "remote_block_ids")
-
-
-class _Exchange:
-    """One generation request in flight: its sequences (``n`` per prompt) and what its client was sent."""
-
-    __slots__ = (
-        "buf",
-        "chat",
-        "conn",
-        "created",
-        "finish_reasons",
-        "framed",
-        "include_usage",
-        "kv_transfer_params",
-        "model",
-        "prompt_tokens",
-        "record",
-        "remaining",
-        "replica",
-        "response_id",
-        "seqs",
-        "single_stream",
-        "templates",
-        "texts",
-    )
-
-    def __init__(
-        self,
-        replica: SimReplica,
-        conn: Connection,
-        chat: bool,
-        stream: bool,
-        include_usage: bool,
-        response_id: str,
-        model: str,
-        n: int,
-        prompt_tokens: int,
-        record: bytearray | None,
-    ) -> None:
-        self.replica = replica
-        self.conn = conn
-        self.chat = chat
-        self.include_usage = include_usage
-        self.response_id = response_id
-        self.model = model
-        self.created = int(time.time())
-        self.prompt_tokens = prompt_tokens
-        self.record = record
-        self.remaining = n
-        self.seqs: list[EngineRequest] = []
-        self.buf: list[bytes] = []
-        self.texts: list[list[bytes]] = [[] for _ in range(n)]
-        self.finish_reasons = ["stop"] * n
-        self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
-        self.single_stream = stream and n == 1
-        self.framed: list[bytes | None] = [None] * len(WORDS)
-        self.kv_transfer_params: dict[str, object] | None = None
-
-    def send_token(self, seq: EngineRequest) -> None:
-        """The hot path: one mid-stream token of a single-choice stream, written at once."""
-        word = (seq.num_output_tokens * 7) % len(WORDS)
-        framed = self.framed[word]
-        if framed is None:
-            templates = self.templates
-            assert templates is not None
-            framed = self.framed[word] = chunk_frame(templates.heads[0] + WORDS[word] + templates.tail)
-        if self.record is not None:
-            self.record += unframe(framed)
-        transport = self.conn.transport
-        if transport is not None:
-            transport.write(framed)
-
-    def on_token(self, seq: EngineRequest, index: int) -> bool:
-        """Queue one produced token; True if this is the exchange's first token in this step."""
-        first = not self.buf
-        word = WORDS[(seq.num_output_tokens * 7 + index) % len(WORDS)]
-        templates = self.templates
-        if templates is None:
-            self.texts[index].append(word)
-            if first:
-                self.buf.append(b"")
-        else:
-            if templates.chat and seq.num_output_tokens == 1:
-                self.buf.append(templates.role_chunks[index])
-            if seq.finish_reason is None:
-                self.buf.append(templates.heads[index] + word + templates.tail)
-            else:
-                self.buf.append(
-                    templates.heads[index] + word + templates.tail_stop % seq.finish_reason.encode()
-                )
-        if seq.finish_reason is not None:
-            self.finish_reasons[index] = seq.finish_reason
-            self.remaining -= 1
-        return first
-
-    def flush(self) -> None:
-        conn = self.conn
-        done = self.remaining == 0
-        if self.templates is None:
-            self.buf.clear()
-            if done:
-                body = full_response(
-                    self.chat,
-                    self.response_id,
-                    self.created,
-                    self.model,
-                    [b"".join(t).decode() for t in self.texts],
-                    self.finish_reasons,
-                    self.prompt_tokens,
-                    sum(s.num_output_tokens for s in self.seqs),
-                    self.kv_transfer_params,
-                )
-                self._record(body)
-                self.replica._finish(self)
-                conn.respond(200, body)
-            return
-        if done:
-            if self.include_usage:
-                completion = sum(s.num_output_tokens for s in self.seqs)
-                self.buf.append(self.templates.usage_chunk(self.prompt_tokens, completion))
-            self.buf.append(DONE_CHUNK)
-        data = b"".join(self.buf)
-        self.buf.clear()
-        self._record(data)
-        if done:
-            self.replica._finish(self)
-            conn.end_stream(data)
-        else:
-            conn.send(data)
-
-    def _record(self, data: bytes) -> None:
-        if self.record is not None:
-            self.record += data
-
-    def on_disconnect(self) -> None:
-        for seq in self.seqs:
-            self.replica.engine.abort(seq)
-        self.replica._finish(self)
 
 
 class SimReplica:
@@ -251,19 +97,19 @@ class SimReplica:
         self.engine = Engine(profile, seed=seed)
         self.max_model_len = min(profile.max_model_len, profile.kv_capacity_tokens)
         self.lag_s = 0.0
-        self._tokenizer: Tokenizer = tokenizer or TiktokenTokenizer.from_name()
-        self._template = chat_template or ChatTemplate()
-        self._encoded: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
+        self._prompts = PromptEncoder(
+            tokenizer or TiktokenTokenizer.from_name(),
+            chat_template or ChatTemplate(),
+            profile.block_size_tokens,
+        )
         self._records: dict[str, bytearray] | None = {} if record_streams else None
         self._ids = itertools.count()
-        self._handoffs = itertools.count()
         self._id_prefix = f"sim{seed:x}r{index}-"
         self._conns: set[Connection] = set()
-        self._transfers: dict[str, tuple[float, int]] = {}
-        """Prefill role: KV kept for a decode instance, by transfer id: (expiry on the loop's
-        clock, bytes)."""
+        self._transfers = KvTransfers(profile, time_scale, engine_id=self._id_prefix.rstrip("-"))
+        """Prefill role: KV kept for a decode instance to pull."""
         self._pulls: set[asyncio.Task[None]] = set()
-        self._exchanges: set[_Exchange] = set()
+        self._exchanges: set[Exchange] = set()
         self._stalled: list[tuple[Connection, Request]] = []
         self._server: asyncio.Server | None = None
         self._loop_task: asyncio.Task[None] | None = None
@@ -299,7 +145,7 @@ class SimReplica:
             await asyncio.sleep(cold_start_s * self.time_scale)
         if self.state != "starting":
             return
-        self._tokenizer.encode("load the vocabulary now, not on the first request")
+        self._prompts.tokenizer.encode("load the vocabulary now, not on the first request")
         loop = asyncio.get_running_loop()
         try:
             self._server = await loop.create_server(
@@ -374,8 +220,8 @@ class SimReplica:
         for conn in list(self._conns):
             conn.abort()
         self.engine.abort_all()
-        for pull in self._pulls:
-            pull.cancel()
+        for task in self._pulls:
+            task.cancel()
         self._transfers.clear()
         self._exchanges.clear()
         self._stalled.clear()
@@ -424,7 +270,7 @@ class SimReplica:
             await self._wake.wait()
 
     def _deliver(self, result: StepResult) -> None:
-        touched: list[_Exchange] = []
+        touched: list[Exchange] = []
         for seq in result.produced:
             exchange, index = seq.handle
             if exchange.single_stream and seq.finish_reason is None and seq.num_output_tokens > 1:
@@ -434,7 +280,7 @@ class SimReplica:
         for exchange in touched:
             exchange.flush()
 
-    def _finish(self, exchange: _Exchange) -> None:
+    def finish(self, exchange: Exchange) -> None:
         self._exchanges.discard(exchange)
         if not self._exchanges:
             self._idle.set()
@@ -466,29 +312,13 @@ class SimReplica:
         elif path == "/health":
             conn.respond(200, b"")
         elif path == "/v1/models":
-            conn.respond(200, self._models_body())
+            conn.respond(200, models_body(self.model, self.max_model_len, self.created, self._id_prefix))
         elif path == "/version":
             conn.respond(200, orjson.dumps({"version": VLLM_VERSION}))
         elif path == "/kv/pull":
-            self._serve_pull(conn, request)
+            self._transfers.serve_pull(conn, request)
         else:
             self._tokenize(conn, request)
-
-    def _encode(self, text: str) -> tuple[list[int], list[int]]:
-        cached = self._encoded.get(text)
-        if cached is not None:
-            self._encoded.move_to_end(text)
-            return cached
-        ids = self._tokenizer.encode(text)
-        entry = (ids, block_hashes(ids, self.profile.block_size_tokens))
-        self._encoded[text] = entry
-        if len(self._encoded) > _ENCODE_CACHE_ENTRIES:
-            self._encoded.popitem(last=False)
-        return entry
-
-    def _token_ids(self, token_ids: list[int]) -> tuple[list[int], list[int]]:
-        """A prompt sent as token ids, with its block hashes (nothing to tokenise)."""
-        return token_ids, block_hashes(token_ids, self.profile.block_size_tokens)
 
     def _generate(self, conn: Connection, request: Request, chat: bool) -> None:
         """Run a generation request as vLLM does: each prompt of a completions batch is its own
@@ -501,9 +331,11 @@ class SimReplica:
         if isinstance(parsed, ApiError):
             conn.respond(parsed.status, parsed.body())
             return
-        prompts = [self._encode(self._template.render(parsed.messages))] if chat else []
+        prompts = [self._prompts.encode(self._prompts.template.render(parsed.messages))] if chat else []
         for prompt in parsed.prompts:
-            prompts.append(self._encode(prompt) if isinstance(prompt, str) else self._token_ids(prompt))
+            prompts.append(
+                self._prompts.encode(prompt) if isinstance(prompt, str) else self._prompts.token_ids(prompt)
+            )
         role = self.role
         requested_max = 1 if role is Role.PREFILL else parsed.max_tokens
         for token_ids, _hashes in prompts:
@@ -513,8 +345,8 @@ class SimReplica:
                 return
         kv_transferred = role is Role.DECODE and parsed.remote_prefill
         handoff = parsed.kv_transfer_params or {}
-        if kv_transferred and any(handoff.get(name) is None for name in _HANDOFF_FIELDS):
-            missing = [name for name in _HANDOFF_FIELDS if handoff.get(name) is None]
+        if kv_transferred and any(handoff.get(name) is None for name in HANDOFF_FIELDS):
+            missing = [name for name in HANDOFF_FIELDS if handoff.get(name) is None]
             error = ApiError(400, f"kv_transfer_params lacks {', '.join(missing)}.", "BadRequestError")
             conn.respond(error.status, error.body())
             return
@@ -528,7 +360,7 @@ class SimReplica:
             if header_id:
                 self._records[base_id] = record
         choices = len(prompts) * parsed.n
-        exchange = _Exchange(
+        exchange = Exchange(
             self,
             conn,
             chat,
@@ -541,7 +373,9 @@ class SimReplica:
             record,
         )
         if role is Role.PREFILL:
-            exchange.kv_transfer_params = self._handoff_params(base_id, exchange.prompt_tokens)
+            exchange.kv_transfer_params = self._transfers.offer(
+                base_id, exchange.prompt_tokens, self.host, self.port
+            )
         self._exchanges.add(exchange)
         self._idle.clear()
         request.on_disconnect = exchange.on_disconnect
@@ -557,7 +391,7 @@ class SimReplica:
 
     def _add_sequences(
         self,
-        exchange: _Exchange,
+        exchange: Exchange,
         prompts: list[tuple[list[int], list[int]]],
         parsed: GenerationRequest,
         requested_max: int | None,
@@ -584,41 +418,9 @@ class SimReplica:
             )
         self._wake.set()
 
-    def _handoff_params(self, request_id: str, prompt_tokens: int) -> dict[str, object]:
-        """What a prefill instance's connector returns for the decode instance to pull the KV; the
-        transfer is kept until it is pulled or ``kv_transfer_timeout_s`` passes."""
-        profile = self.profile
-        blocks = -(-prompt_tokens // profile.block_size_tokens)
-        first_block = next(self._handoffs) * blocks % max(1, profile.num_gpu_blocks)
-        expires_s = asyncio.get_running_loop().time() + profile.kv_transfer_timeout_s * (
-            self.time_scale or 1.0
-        )
-        self._transfers[request_id] = (expires_s, prompt_tokens * profile.kv_bytes_per_token)
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": self._id_prefix.rstrip("-"),
-            "remote_block_ids": list(range(first_block, first_block + blocks)),
-            "remote_request_id": request_id,
-            "remote_host": self.host,
-            "remote_port": self.port,
-            "tp_size": 1,
-        }
-
-    def _serve_pull(self, conn: Connection, request: Request) -> None:
-        """The side channel: a decode instance takes the KV of one transfer, once."""
-        body = parse_body(request.body)
-        transfer_id = body.get("remote_request_id") if isinstance(body, dict) else None
-        held = self._transfers.pop(transfer_id, None) if isinstance(transfer_id, str) else None
-        if held is None or held[0] < asyncio.get_running_loop().time():
-            message = f"no KV held for transfer {transfer_id!r} (unknown, already pulled or expired)"
-            conn.respond(404, orjson.dumps({"error": message}))
-            return
-        conn.respond(200, orjson.dumps({"bytes": held[1]}))
-
     async def _receive_kv(
         self,
-        exchange: _Exchange,
+        exchange: Exchange,
         handoff: dict[str, Any],
         prompts: list[tuple[list[int], list[int]]],
         parsed: GenerationRequest,
@@ -627,13 +429,13 @@ class SimReplica:
         """Pull the prompt's KV from the prefill instance, spend the link's time on the bytes, then
         decode; a failed pull fails the request."""
         host, port = str(handoff["remote_host"]), int(handoff["remote_port"])
-        moved = await _pull(host, port, str(handoff["remote_request_id"]))
+        moved = await pull(host, port, str(handoff["remote_request_id"]))
         if exchange not in self._exchanges:
             return
         if isinstance(moved, str):
             message = f"KV transfer for request {exchange.response_id} failed: {moved}"
             error = ApiError(500, message, "InternalServerError")
-            self._finish(exchange)
+            self.finish(exchange)
             if exchange.templates is None:
                 exchange.conn.respond(error.status, error.body())
             else:
@@ -644,40 +446,6 @@ class SimReplica:
             if exchange not in self._exchanges:
                 return
         self._add_sequences(exchange, prompts, parsed, requested_max, kv_transferred=True)
-
-    def _models_body(self) -> bytes:
-        return orjson.dumps(
-            {
-                "object": "list",
-                "data": [
-                    {
-                        "id": self.model,
-                        "object": "model",
-                        "created": self.created,
-                        "owned_by": "vllm",
-                        "root": self.model,
-                        "parent": None,
-                        "max_model_len": self.max_model_len,
-                        "permission": [
-                            {
-                                "id": f"modelperm-{self._id_prefix}",
-                                "object": "model_permission",
-                                "created": self.created,
-                                "allow_create_engine": False,
-                                "allow_sampling": True,
-                                "allow_logprobs": True,
-                                "allow_search_indices": False,
-                                "allow_view": True,
-                                "allow_fine_tuning": False,
-                                "organization": "*",
-                                "group": None,
-                                "is_blocking": False,
-                            }
-                        ],
-                    }
-                ],
-            }
-        )
 
     def _tokenize(self, conn: Connection, request: Request) -> None:
         body = parse_body(request.body)
@@ -692,25 +460,15 @@ class SimReplica:
         messages = body.get("messages")
         prompt = body.get("prompt")
         if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-            text = self._template.render(messages)
+            text = self._prompts.template.render(messages)
         elif isinstance(prompt, str):
             text = prompt
         else:
             error = ApiError(400, "Either `prompt` (a string) or `messages` (a list) is required.")
             conn.respond(error.status, error.body())
             return
-        token_ids, _hashes = self._encode(text)
-        conn.respond(
-            200,
-            orjson.dumps(
-                {
-                    "count": len(token_ids),
-                    "max_model_len": self.max_model_len,
-                    "tokens": token_ids,
-                    "token_strs": None,
-                }
-            ),
-        )
+        token_ids, _hashes = self._prompts.encode(text)
+        conn.respond(200, tokenize_body(token_ids, self.max_model_len))
 
 
 def parse_role(role: Role | str) -> Role:
@@ -720,31 +478,3 @@ def parse_role(role: Role | str) -> Role:
     except ValueError:
         choices = ", ".join(r.value for r in Role)
         raise ValueError(f"role must be one of {choices}, got {role!r}") from None
-
-
-async def _pull(host: str, port: int, transfer_id: str) -> int | str:
-    """Take one transfer's KV from a prefill replica's side channel: the bytes moved, or why not."""
-    body = orjson.dumps({"remote_request_id": transfer_id})
-    head = b"POST /kv/pull HTTP/1.1\r\nhost: %s:%d\r\ncontent-type: application/json\r\n" % (
-        host.encode(),
-        port,
-    )
-    try:
-        async with asyncio.timeout(_PULL_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
-            try:
-                writer.write(head + b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
-                answer = await reader.read()
-            finally:
-                writer.close()
-    except (OSError, TimeoutError) as exc:
-        return f"cannot reach the prefill instance at {host}:{port}: {exc!r}"
-    status_line, _, rest = answer.partition(b"\r\n")
-    payload = rest.partition(b"\r\n\r\n")[2]
-    try:
-        parsed = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        parsed = None
-    if not status_line.startswith(b"HTTP/1.1 200") or not isinstance(parsed, dict):
-        return str(parsed.get("error")) if isinstance(parsed, dict) else status_line.decode("latin-1")
-    return int(parsed["bytes"])

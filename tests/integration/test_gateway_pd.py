@@ -133,7 +133,7 @@ async def test_chat_and_completion_streamed_or_not_have_a_mixed_pools_shape() ->
         prefill, decode = fleet.replicas[:2], fleet.replicas[2:]
         assert sum(sum(r.engine.stats.request_success.values()) for r in prefill) == 4
         assert sum(sum(r.engine.stats.request_success.values()) for r in decode) == 4
-        assert all(not r._transfers for r in prefill), "every hand-off was pulled by a decode replica"
+        assert all(len(r._transfers) == 0 for r in prefill), "every hand-off was pulled by a decode replica"
         await assert_pools_idle(gw)
 
 
