@@ -49,7 +49,8 @@ from kvgate.loadtest.client import RequestRecord, RetryPolicy, wait_until_ok
 from kvgate.loadtest.compare import ratios, run_compare, summaries_for
 from kvgate.loadtest.report import Slo, Summary, class_table, percentile
 from kvgate.loadtest.runner import RunOptions, RunResult, Target
-from kvgate.loadtest.workload import Workload, build_trace, parse_workload
+from kvgate.loadtest.workload import Workload, build_trace
+from kvgate.loadtest.workload_file import parse_workload
 from kvgate.routing.prefix_hash import BLOCK_SIZE_TOKENS
 from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
 from kvgate.sim.ports import free_ports

@@ -45,7 +45,8 @@ from kvgate.loadtest.client import wait_until_ok
 from kvgate.loadtest.compare import run_compare, summaries_for
 from kvgate.loadtest.report import Slo, Summary
 from kvgate.loadtest.runner import RunOptions, RunResult, Target
-from kvgate.loadtest.workload import Workload, build_trace, parse_workload
+from kvgate.loadtest.workload import Workload, build_trace
+from kvgate.loadtest.workload_file import parse_workload
 from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
 from kvgate.sim.ports import free_ports
 

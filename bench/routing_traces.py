@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvgate.loadtest.workload import Trace, Workload, build_trace, parse_workload
+from kvgate.loadtest.workload import Trace, Workload, build_trace
+from kvgate.loadtest.workload_file import parse_workload
 
 SLO_TTFT_S = 2.0
 SLO_ITL_S = 0.05

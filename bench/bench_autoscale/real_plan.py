@@ -13,7 +13,8 @@ from typing import Any
 
 from bench.bench_autoscale.scenario import MIN_REPLICAS
 from kvgate.autoscaler.recommendation import Recommendation
-from kvgate.loadtest.workload import Workload, parse_workload
+from kvgate.loadtest.workload import Workload
+from kvgate.loadtest.workload_file import parse_workload
 
 SCALE_RATIO = 6.0
 """Policy seconds per wall second in the real run: every window and the cold start are divided by it."""

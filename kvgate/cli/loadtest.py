@@ -25,7 +25,8 @@ from kvgate.loadtest.client import RetryPolicy
 from kvgate.loadtest.compare import ratio_lines, ratios, run_compare, summaries_for
 from kvgate.loadtest.report import Slo, summarize, summary_table, write_report
 from kvgate.loadtest.runner import RunOptions, Target, run
-from kvgate.loadtest.workload import PRESETS, Trace, Workload, build_trace, load_workload, with_overrides
+from kvgate.loadtest.workload import Trace, Workload, build_trace
+from kvgate.loadtest.workload_file import PRESETS, load_workload, with_overrides
 
 T = TypeVar("T")
 

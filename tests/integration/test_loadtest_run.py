@@ -15,7 +15,8 @@ from kvgate.loadtest.client import RetryPolicy
 from kvgate.loadtest.compare import ratios, run_compare
 from kvgate.loadtest.report import Slo, signal_series, summarize, write_report
 from kvgate.loadtest.runner import RunOptions, Target, run
-from kvgate.loadtest.workload import Trace, build_trace, load_workload, parse_workload, with_overrides
+from kvgate.loadtest.workload import Trace, build_trace
+from kvgate.loadtest.workload_file import load_workload, parse_workload, with_overrides
 from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import assert_idle, gateway_config
 

@@ -11,7 +11,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.gateway.edge.server import running_gateway
-from kvgate.loadtest.workload import Trace, build_trace, parse_workload
+from kvgate.loadtest.workload import Trace, build_trace
+from kvgate.loadtest.workload_file import parse_workload
 from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, gateway_config
 

@@ -8,7 +8,8 @@ from kvgate.cli.loadtest import register
 from kvgate.loadtest.compare import order, ratios, slices
 from kvgate.loadtest.report import Summary
 from kvgate.loadtest.runner import Target
-from kvgate.loadtest.workload import build_trace, load_workload, with_overrides
+from kvgate.loadtest.workload import build_trace
+from kvgate.loadtest.workload_file import load_workload, with_overrides
 
 
 def test_slices_partition_the_trace_and_shift_to_zero() -> None:

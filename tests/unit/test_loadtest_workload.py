@@ -5,17 +5,10 @@ from pathlib import Path
 import pytest
 
 from kvgate.admission.tokenizer import TiktokenTokenizer
-from kvgate.loadtest.workload import (
-    PRESETS,
-    Fixed,
-    LogNormal,
-    Uniform,
-    build_trace,
-    default_factory,
-    load_workload,
-    parse_workload,
-    with_overrides,
-)
+from kvgate.loadtest.distributions import Fixed, LogNormal, Uniform
+from kvgate.loadtest.prompt_text import default_factory
+from kvgate.loadtest.workload import build_trace
+from kvgate.loadtest.workload_file import PRESETS, load_workload, parse_workload, with_overrides
 
 TOKENIZER = TiktokenTokenizer.from_name()
 
