@@ -49,7 +49,7 @@ COMPILED_GATEWAY = (
     "telemetry/sliding_windows",
     "state",
     "replicas/upstream",
-    "telemetry/work",
+    "telemetry/fleet_work",
 )
 """The gateway's modules on a completion request's path, from parser to access-log line."""
 

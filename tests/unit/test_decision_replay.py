@@ -31,8 +31,8 @@ from kvgate.gateway.edge.errors import refusal_error
 from kvgate.gateway.request_path.decision_path import DecisionPath
 from kvgate.gateway.request_path.dispatcher import Route
 from kvgate.gateway.state import GatewayState, ProxyRequest
+from kvgate.gateway.telemetry.fleet_work import FleetWork
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
-from kvgate.gateway.telemetry.work import FleetWork
 from kvgate.routing.health import Outcome
 
 GOLDEN = Path(__file__).parent / "golden" / "decision_replay.json"

@@ -42,10 +42,10 @@ from kvgate.gateway.request_path.forwarding import request_id_of
 from kvgate.gateway.request_path.proxy import Proxy, send_error, shutting_down
 from kvgate.gateway.state import GatewayState
 from kvgate.gateway.telemetry.access_log import AccessLog
+from kvgate.gateway.telemetry.fleet_work import FleetWork
 from kvgate.gateway.telemetry.loop_lag import watch_loop_lag
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
 from kvgate.gateway.telemetry.recommender import GatewayRecommender
-from kvgate.gateway.telemetry.work import FleetWork
 from kvgate.vocabulary.clock import Clock
 
 if TYPE_CHECKING:

@@ -70,7 +70,7 @@ class Fleet:
         ledger's as load, so a request fits only within the claim."""
         self.others_used: Callable[[], Mapping[str, int]] = dict
         """KV tokens other gateways' reservations hold per replica (``RedisCoordinator``): with the
-        ledger's, the fleet's occupancy estimate (``kvgate.gateway.telemetry.work``)."""
+        ledger's, the fleet's occupancy estimate (``kvgate.gateway.telemetry.fleet_work``)."""
         self.on_recovered: Callable[[], None] = _nothing
         """Called when a replica becomes healthy: queued work may fit now."""
         self._pool_of_model = {

@@ -2,7 +2,7 @@
 replica's KV occupancy and readiness.
 
 Work is a *state*, not an event: the gateway reports it when asked, through ``PoolWorkSource``
-(``kvgate/gateway/telemetry/work.py`` reads it off the queue and the reservations ledger), so what
+(``kvgate/gateway/telemetry/fleet_work.py`` reads it off the queue and the reservations ledger), so what
 ``/metrics`` and ``/signals`` show is always current and returns to zero when nothing is in flight. These
 values are what both exporters read; neither keeps a copy.
 """
