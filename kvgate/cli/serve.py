@@ -10,8 +10,8 @@ import argparse
 import os
 
 from kvgate.cli.command import CommandError
+from kvgate.config.gateway import GatewayConfig
 from kvgate.config.loader import ConfigError, load_config
-from kvgate.config.schema import GatewayConfig
 
 
 def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

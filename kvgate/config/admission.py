@@ -10,13 +10,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
+from kvgate.config.base import Frozen
 from kvgate.config.secrets import read_secret_files
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class PriorityClass(StrEnum):
@@ -41,7 +38,7 @@ class MaxTokensPolicy(StrEnum):
     DEFAULT_CAP = "default_cap"
 
 
-class ModelAdmissionConfig(_Section):
+class ModelAdmissionConfig(Frozen):
     """Per-model output-cap policy. ``AdmissionConfig.default_model`` applies to models not listed.
 
     Model facts (context window, KV bytes per token, tokenizer, chat template) live once, in the
@@ -85,7 +82,7 @@ class ModelAdmissionConfig(_Section):
     )
 
 
-class TenantConfig(_Section):
+class TenantConfig(Frozen):
     name: str = Field(min_length=1, description="Tenant name (text). No default. Example: 'search-team'.")
     api_keys: tuple[SecretStr, ...] = Field(
         default=(),
@@ -142,7 +139,7 @@ class TenantConfig(_Section):
         return value
 
 
-class DeadlineHeader(_Section):
+class DeadlineHeader(Frozen):
     name: str = Field(
         min_length=1,
         description="Request header carrying the client's timeout (name, lower case). No default. "
@@ -160,7 +157,7 @@ _DEFAULT_DEADLINE_HEADERS = (
 )
 
 
-class AdmissionConfig(_Section):
+class AdmissionConfig(Frozen):
     enabled: bool = Field(
         default=True,
         description=(

@@ -23,7 +23,7 @@ from typing import Any, get_args
 import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 
 ENV_PREFIX = "KVGATE_"
 ENV_SEPARATOR = "__"

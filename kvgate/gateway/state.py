@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvgate.admission.decision import AdmissionRequest
 from kvgate.admission.ledger import InMemoryLedger
-from kvgate.config.schema import GatewayConfig, Model, Pool
+from kvgate.config.gateway import GatewayConfig
+from kvgate.config.models import Model
+from kvgate.config.pools import Pool
 from kvgate.routing.prefix_hash import BLOCK_SIZE_TOKENS
 from kvgate.routing.request import RoutingRequest
 from kvgate.vocabulary.replica import Role, ScrapedMetrics

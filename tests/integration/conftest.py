@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from kvgate.config.gateway import GatewayConfig
 from kvgate.config.loader import parse_config
-from kvgate.config.schema import GatewayConfig
 from kvgate.gateway.edge.server import RunningGateway
 from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
 from kvgate.vocabulary.replica import ReplicaLoad

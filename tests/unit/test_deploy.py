@@ -29,8 +29,8 @@ import yaml
 
 from kvgate.cli.autoscale import register
 from kvgate.config.autoscaler import AutoscalerConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.config.loader import parse_config
-from kvgate.config.schema import GatewayConfig
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
@@ -658,7 +658,7 @@ socket.getaddrinfo = refuse
 import kvgate.cli
 import kvgate.gateway.edge.server
 from kvgate.admission.counting import tokenizer_for
-from kvgate.config.schema import TiktokenTokenizer
+from kvgate.config.models import TiktokenTokenizer
 print(tokenizer_for(TiktokenTokenizer()).count("kvgate counts tokens"))
 """
 

@@ -29,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from kvgate.admission.tenants import bearer_key
-from kvgate.config.schema import Pool
+from kvgate.config.pools import Pool
 from kvgate.config.urls import replica_base_url
 from kvgate.gateway.edge.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized
 from kvgate.gateway.replicas.scrape import scraped_capacity_tokens

@@ -27,7 +27,7 @@ import orjson
 from kvgate.admission.claims import ReplicaDemand
 from kvgate.admission.coordination_gate import FailMode
 from kvgate.admission.decision import RefusalReason
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.asgi import Message, Receive, Scope, Send
 from kvgate.gateway.coordination.coordinator import RedisCoordinator, fleet_demands
 from kvgate.gateway.edge.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app

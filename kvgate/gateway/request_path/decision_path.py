@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from kvgate.admission.controller import AdmissionController
 from kvgate.admission.itl_guard import ItlGuard
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.replicas.fleet import Fleet
 from kvgate.gateway.request_path.accounting import Accounting
 from kvgate.gateway.request_path.dispatcher import Dispatcher

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from kvgate.admission.decision import Refusal
-from kvgate.config.schema import Server
+from kvgate.config.server import Server
 from kvgate.gateway.asgi import Message, Receive, Scope, Send
 from kvgate.gateway.edge.errors import (
     BadRequest,
