@@ -3,7 +3,8 @@
 A config is read once at start-up (``kvgate.config.loader``) and handed out section by section;
 nothing mutates it afterwards. Each section lives in its own module, which the root only gathers;
 what is checked here is what no one section can see: unique model and pool names, pools naming
-configured models, and every disaggregated model served by both halves of a prefill/decode pair.
+configured models, every disaggregated model served by both halves of a prefill/decode pair, and
+every tenant admission prices identified by some key of auth's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 
 from kvgate.config.admission import AdmissionConfig
+from kvgate.config.auth import AuthConfig
 from kvgate.config.autoscaler import AutoscalerConfig
 from kvgate.config.base import Frozen
 from kvgate.config.coordination import Coordination
@@ -24,6 +26,10 @@ from kvgate.config.server import Server
 
 class GatewayConfig(Frozen):
     server: Server = Field(default_factory=Server, description="Listener, limits and upstream timeouts.")
+    auth: AuthConfig = Field(
+        default_factory=AuthConfig,
+        description="Client keys, the admin and observability tokens, credential forwarding.",
+    )
     health: Health = Field(default_factory=Health, description="Replica health probing.")
     coordination: Coordination | None = Field(
         default=None,
@@ -74,6 +80,13 @@ class GatewayConfig(Frozen):
                 problems.append(f"pools.{pool.name}.models: {unknown} are not configured models {names}")
         for name in names:
             problems.extend(_incomplete_pair(name, self.serving(name)))
+        keyed = {tenant.name for tenant in self.auth.tenants}
+        for tenant in self.admission.tenants:
+            if tenant.name not in keyed:
+                problems.append(
+                    f"admission.tenants.{tenant.name}: no auth.tenants entry of that name gives it a key, "
+                    "so no request is ever this tenant's"
+                )
         if problems:
             raise ValueError("; ".join(problems))
         return self

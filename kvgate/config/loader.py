@@ -14,8 +14,9 @@ pydantic's own error text, which quotes inputs, is never chained to the error ra
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, get_args
@@ -24,10 +25,22 @@ import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from kvgate.config.gateway import GatewayConfig
+from kvgate.config.renames import move_old_keys
 
 ENV_PREFIX = "KVGATE_"
 ENV_SEPARATOR = "__"
 EXAMPLES_DIR = Path(__file__).parent / "examples"
+
+Warn = Callable[[str], None]
+"""Where a loader's warnings go: an old key still read, say, one line each."""
+
+_log = logging.getLogger("kvgate.config")
+
+
+def log_warning(message: str) -> None:
+    """The default ``Warn``: the ``kvgate.config`` logger."""
+    _log.warning("%s", message)
+
 
 _UNITS = {"_s": "seconds", "_tokens": "tokens", "_bytes": "bytes", "_ratio": "ratio (0..1)"}
 _UNITS_BY_NAME = {
@@ -90,30 +103,48 @@ class ConfigError(ValueError):
             super().__init__(f"invalid config {source}: {len(problems)} problems\n{lines}")
 
 
-def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None, warn: Warn = log_warning
+) -> GatewayConfig:
     """Read ``path`` (YAML; none means an empty document), apply overrides from ``environ``
-    (default ``os.environ``) and validate."""
-    source = str(path) if path is not None else "<environment>"
-    data: Any = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ConfigError(
-                source, [ConfigProblem("", NOT_SHOWN, f"cannot read: {reason}", None)]
-            ) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(source, [ConfigProblem("", NOT_SHOWN, _yaml_problem(exc), None)]) from None
+    (default ``os.environ``) and validate; ``warn`` gets one line per old key still read."""
+    return parse_config(
+        read_document(path), os.environ if environ is None else environ, source_of(path), warn
+    )
+
+
+def source_of(path: str | Path | None) -> str:
+    """How a config's errors name where it came from."""
+    return str(path) if path is not None else "<environment>"
+
+
+def read_document(path: str | Path | None) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (none: an empty one), unvalidated; ``ConfigError`` when the file
+    cannot be read, does not parse or is not a mapping."""
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(str(path), [ConfigProblem("", NOT_SHOWN, f"cannot read: {reason}", None)]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [ConfigProblem("", NOT_SHOWN, _yaml_problem(exc), None)]) from None
     if not isinstance(data, dict):
-        raise ConfigError(source, [ConfigProblem("", NOT_SHOWN, "top level must be a mapping", None)])
-    return parse_config(data, os.environ if environ is None else environ, source)
+        raise ConfigError(str(path), [ConfigProblem("", NOT_SHOWN, "top level must be a mapping", None)])
+    return data
 
 
 def parse_config(
-    data: Mapping[str, Any], environ: Mapping[str, str], source: str = "<config>"
+    data: Mapping[str, Any], environ: Mapping[str, str], source: str = "<config>", warn: Warn = log_warning
 ) -> GatewayConfig:
+    """``data`` with the overrides of ``environ`` and its old keys moved (``kvgate.config.renames``),
+    validated."""
     merged, problems = apply_env_overrides(data, environ)
+    renamed = move_old_keys(merged)
+    for line in renamed.warnings:
+        warn(line)
+    problems.extend(ConfigProblem(c.old, NOT_SHOWN, c.message, None) for c in renamed.clashes)
     try:
         config = GatewayConfig.model_validate(merged)
     except ValidationError as exc:

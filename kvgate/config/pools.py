@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from kvgate.config.base import Frozen
-from kvgate.config.secrets import read_secret_files
+from kvgate.config.secrets import digits_as_text, read_secret_files
 from kvgate.config.urls import replica_base_url
 
 
@@ -83,9 +83,7 @@ class Pool(Frozen):
     @field_validator("api_key", mode="before")
     @classmethod
     def _digits_are_text(cls, value: object) -> object:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        return value
+        return digits_as_text(value)
 
     @field_validator("api_key")
     @classmethod

@@ -1,4 +1,5 @@
 """The server section: the gateway's listener, what it allows a client, and its upstream connections.
+Who may call it is the auth section's (``kvgate.config.auth``).
 
 Client limits follow the proxies operators already know (NGINX, Envoy, Apache), named after them
 in each description, so a value can be carried over; every limit is in its unit (``_s``,
@@ -7,12 +8,9 @@ in each description, so a value can be carried over; every limit is in its unit 
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field
 
 from kvgate.config.base import Frozen
-from kvgate.config.secrets import read_secret_files
 
 
 class Timeouts(Frozen):
@@ -165,64 +163,3 @@ class Server(Frozen):
         ),
     )
     timeouts: Timeouts = Field(default_factory=Timeouts, description="Upstream timeouts, in seconds.")
-    admin_token: SecretStr | None = Field(
-        default=None,
-        min_length=1,
-        description=(
-            "Bearer token required on /admin/* (Authorization: Bearer <token>); unset: /admin/* "
-            "accepts loopback clients only. A secret: never printed. An all-digit value "
-            "(KVGATE_SERVER__ADMIN_TOKEN=1234, which YAML reads as a number) is taken as text; quote "
-            "one with leading zeros. Default none. Example: 3f9c1e7a0b"
-        ),
-    )
-    admin_token_file: str | None = Field(
-        default=None,
-        description=(
-            "File holding admin_token (read at start-up, trailing newline dropped); give this or "
-            "admin_token. Default none. Example: /run/secrets/kvgate-admin-token"
-        ),
-    )
-    protect_observability: bool | None = Field(
-        default=None,
-        description=(
-            "Whether /metrics, /signals, /docs and /openapi.json need a bearer token (the admin "
-            "token or observability_token; with neither set, loopback clients only). Unset: "
-            "protected exactly when admission.auth_enabled is true. Default unset. Example: true"
-        ),
-    )
-    observability_token: SecretStr | None = Field(
-        default=None,
-        min_length=1,
-        description=(
-            "Read-only bearer token accepted on the observability routes besides the admin token, "
-            "for a Prometheus scrape job that should not hold the admin token. A secret: never "
-            "printed. Default none. Example: 7d2e9b41c8"
-        ),
-    )
-    observability_token_file: str | None = Field(
-        default=None,
-        description=(
-            "File holding observability_token; give this or observability_token. Default none. "
-            "Example: /run/secrets/kvgate-metrics-token"
-        ),
-    )
-    forward_client_credentials: bool = Field(
-        default=False,
-        description=(
-            "Send the client's Authorization and Cookie headers on to replicas and relay the "
-            "replicas' Set-Cookie back; a pool's api_key still replaces Authorization. Off, "
-            "credentials stay at the gateway. Default false. Example: true"
-        ),
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_secret_files(cls, data: Any) -> Any:
-        return read_secret_files(data, ("admin_token", "observability_token"))
-
-    @field_validator("admin_token", "observability_token", mode="before")
-    @classmethod
-    def _digits_are_text(cls, value: object) -> object:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        return value

@@ -101,7 +101,7 @@ class ProxyRequest:
     """The client's headers, as received (minus hop-by-hop ones)."""
     upstream_headers: list[tuple[bytes, bytes]]
     """What is sent to the replica: the client's headers plus ``x_request_id``, without its
-    ``Authorization`` and ``Cookie`` unless ``server.forward_client_credentials``."""
+    ``Authorization`` and ``Cookie`` unless ``auth.forward_client_credentials``."""
     replica: ReplicaState | None = None
     response_started: bool = False
     disconnected: bool = False
