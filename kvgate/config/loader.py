@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -33,6 +33,7 @@ EXAMPLES_DIR = Path(__file__).parent / "examples"
 
 Warn = Callable[[str], None]
 """Where a loader's warnings go: an old key still read, say, one line each."""
+View = TypeVar("View", bound=BaseModel)
 
 _log = logging.getLogger("kvgate.config")
 
@@ -138,21 +139,50 @@ def read_document(path: str | Path | None) -> dict[str, Any]:
 def parse_config(
     data: Mapping[str, Any], environ: Mapping[str, str], source: str = "<config>", warn: Warn = log_warning
 ) -> GatewayConfig:
+    return parse_as(GatewayConfig, data, environ, source, warn)
+
+
+def parse_as(
+    view: type[View], data: Mapping[str, Any], environ: Mapping[str, str], source: str, warn: Warn
+) -> View:
     """``data`` with the overrides of ``environ`` and its old keys moved (``kvgate.config.renames``),
-    validated."""
+    validated as ``view``: ``GatewayConfig``, or the part of it that one command reads, whose
+    sections are the gateway's or narrower (``kvgate.config.loop``). What the gateway knows and
+    ``view`` does not is left out unchecked; a key that neither knows is an error."""
     merged, problems = apply_env_overrides(data, environ)
     renamed = move_old_keys(merged)
     for line in renamed.warnings:
         warn(line)
     problems.extend(ConfigProblem(c.old, NOT_SHOWN, c.message, None) for c in renamed.clashes)
     try:
-        config = GatewayConfig.model_validate(merged)
+        config = view.model_validate(_read_by(merged, view, GatewayConfig))
     except ValidationError as exc:
         problems.extend(_problems(exc))
         raise ConfigError(source, problems) from None
     if problems:
         raise ConfigError(source, problems)
     return config
+
+
+def _read_by(data: dict[str, Any], view: type[BaseModel], whole: type[BaseModel]) -> dict[str, Any]:
+    """``data`` without the keys that ``whole`` has and ``view`` has not, at every level."""
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in view.model_fields:
+            inner, outer = _section_of(view, key), _section_of(whole, key)
+            if inner is not None and outer is not None and inner is not outer and isinstance(value, dict):
+                value = _read_by(value, inner, outer)
+            kept[key] = value
+        elif key not in whole.model_fields:
+            kept[key] = value
+    return kept
+
+
+def _section_of(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    """The section class of ``model``'s field ``key`` (``X | None`` included), if it is one."""
+    field = model.model_fields.get(key)
+    candidates = [] if field is None else [field.annotation, *get_args(field.annotation)]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
 def apply_env_overrides(
