@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvgate.config.admission import AdmissionConfig, PriorityClass, TenantConfig
+from kvgate.config.admission import AdmissionConfig
 from kvgate.config.auth import AuthConfig
+from kvgate.config.tenants import PriorityClass, TenantConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,21 +14,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from kvgate.config.base import Frozen
-
-
-class PriorityClass(StrEnum):
-    """Queue order across classes is strict: every ``critical`` request before any ``standard``."""
-
-    CRITICAL = "critical"
-    STANDARD = "standard"
-    SHEDDABLE = "sheddable"
-
-    @property
-    def rank(self) -> int:
-        return _PRIORITY_RANK[self]
-
-
-_PRIORITY_RANK = {PriorityClass.CRITICAL: 0, PriorityClass.STANDARD: 1, PriorityClass.SHEDDABLE: 2}
+from kvgate.config.tenants import TenantConfig
 
 
 class MaxTokensPolicy(StrEnum):
@@ -78,47 +64,6 @@ class ModelAdmissionConfig(Frozen):
             "max_active_sequences_per_replica nor fewer than itl_guard_min_sequences; a replica "
             "serving several models keeps the tightest. Default none (the static guard alone). "
             "Example: 0.05."
-        ),
-    )
-
-
-class TenantConfig(Frozen):
-    """What a tenant may spend; which keys are the tenant is auth's (``kvgate.config.auth``)."""
-
-    name: str = Field(
-        min_length=1,
-        description="Tenant name, as an auth.tenants entry names it (text). No default. "
-        "Example: 'search-team'.",
-    )
-    weight: float = Field(
-        default=1.0,
-        gt=0,
-        description=(
-            "Share of contended capacity, relative to other tenants, counted in tokens (ratio). "
-            "Default 1.0. Example: 3.0 (three times the tokens of a weight-1 tenant)."
-        ),
-    )
-    tokens_per_min: int | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Budget of prompt + max output tokens per minute (tokens/min); none = unlimited. "
-            "Default none. Example: 200000."
-        ),
-    )
-    priority: PriorityClass = Field(
-        default=PriorityClass.STANDARD,
-        description="Priority class of this tenant's requests (enum). Default 'standard'. "
-        "Example: 'critical'.",
-    )
-    ttft_slo_s: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Time-to-first-token objective of this tenant's requests, in place of their model's "
-            "ttft_slo_s whatever the model (seconds): an interactive tenant may be refused sooner "
-            "than the model's objective would, a batch tenant may wait longer. Default none (the "
-            "model's). Example: 0.5."
         ),
     )
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from kvgate.config import admission as section
-from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig, TenantConfig
+from kvgate.config import admission, tenants
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig
+from kvgate.config.tenants import TenantConfig
 
 
 def test_defaults_are_valid_and_frozen() -> None:
@@ -58,10 +59,11 @@ def test_model_facts_are_not_admission_keys(fact: str) -> None:
 def _models() -> list[type[BaseModel]]:
     return [
         value
-        for value in vars(section).values()
+        for module in (admission, tenants)
+        for value in vars(module).values()
         if isinstance(value, type)
         and issubclass(value, BaseModel)
-        and value.__module__ == section.__name__
+        and value.__module__ == module.__name__
         and not value.__name__.startswith("_")
     ]
 

@@ -19,8 +19,9 @@ from kvgate.admission.decision import (
 from kvgate.admission.ledger import InMemoryLedger
 from kvgate.admission.retry_after import ServiceRates
 from kvgate.admission.tenants import Tenant, TenantDirectory
-from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig, PriorityClass, TenantConfig
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig
 from kvgate.config.auth import AuthConfig, TenantKeys
+from kvgate.config.tenants import PriorityClass, TenantConfig
 from kvgate.vocabulary.replica import ReplicaView, Role
 from kvgate.vocabulary.snapshot import FleetSnapshot
 

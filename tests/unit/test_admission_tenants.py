@@ -4,8 +4,9 @@ import pytest
 
 from kvgate.admission.deadline import client_timeout_s
 from kvgate.admission.tenants import Tenant, TenantDirectory, TokenBucket
-from kvgate.config.admission import AdmissionConfig, DeadlineHeader, PriorityClass, TenantConfig
+from kvgate.config.admission import AdmissionConfig, DeadlineHeader
 from kvgate.config.auth import AuthConfig, TenantKeys
+from kvgate.config.tenants import PriorityClass, TenantConfig
 
 TENANTS = (
     TenantConfig(name="search", weight=2.0, priority=PriorityClass.CRITICAL),
