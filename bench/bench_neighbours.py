@@ -296,7 +296,7 @@ async def _stalls(variant: str, prompts: int) -> list[float]:
     does, and its block hashes taken as pricing then does): how long a small request beside it can
     be held up. Uses only seams an older checkout has too (``PromptEncoder.encode`` returned the ids
     there, hashed by pricing on the loop), so each checkout's child runs its own code."""
-    from kvgate.config.schema import Model
+    from kvgate.config.models import Model
     from kvgate.gateway.request_path.prompt import PromptEncoder
     from kvgate.routing.prefix_hash import block_hashes
 

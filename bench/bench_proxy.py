@@ -451,7 +451,7 @@ async def _drive_direct(
 
 async def time_clients(total: int, concurrency: int) -> tuple[float, float]:
     """CPU microseconds per request of aiohttp and of ``ReplicaClient`` (see the module docstring)."""
-    from kvgate.config.schema import Server
+    from kvgate.config.server import Server
     from kvgate.gateway.replicas.replica_http import ReplicaClient
     from kvgate.gateway.replicas.upstream import create_session
 

@@ -22,8 +22,8 @@ from typing import IO, TYPE_CHECKING
 import orjson
 import structlog
 
-from kvgate.config.schema import AccessLog as AccessLogConfig
-from kvgate.config.schema import Tracing as TracingConfig
+from kvgate.config.observability import AccessLog as AccessLogConfig
+from kvgate.config.observability import Tracing as TracingConfig
 from kvgate.gateway.state import ProxyRequest, ReplicaState
 from kvgate.gateway.telemetry.access_log import AccessLog
 

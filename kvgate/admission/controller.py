@@ -48,6 +48,7 @@ from kvgate.admission.queue import Ahead, Place, QueuedRequest, QueueStats, Wait
 from kvgate.admission.retry_after import ServiceRates
 from kvgate.admission.tenants import TenantDirectory
 from kvgate.config.admission import AdmissionConfig
+from kvgate.config.auth import AuthConfig
 from kvgate.vocabulary.capacity import fits_sharing, kv_room_tokens, routable
 from kvgate.vocabulary.replica import ReplicaView
 from kvgate.vocabulary.snapshot import FleetSnapshot
@@ -68,7 +69,7 @@ class AdmissionController:
         calibration: Calibration | None = None,
     ) -> None:
         self.config = config
-        self.tenants = tenants if tenants is not None else TenantDirectory(config)
+        self.tenants = tenants if tenants is not None else TenantDirectory(config, AuthConfig())
         self.calibration = calibration if calibration is not None else Calibration()
         self._queue = WaitQueue(
             config.queue_max_requests, config.queue_max_tokens, config.head_of_line_max_wait_s

@@ -52,7 +52,7 @@ class CostEstimate:
 
 
 class ModelFacts(Protocol):
-    """What cost needs to know about a model; ``kvgate.config.schema.Model`` is one."""
+    """What cost needs to know about a model; ``kvgate.config.models.Model`` is one."""
 
     @property
     def max_model_len(self) -> int:

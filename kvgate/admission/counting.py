@@ -22,8 +22,8 @@ from kvgate.admission.tokenizer import (
     Tokenizer,
     prompt_text,
 )
-from kvgate.config.schema import ChatTemplate as ChatTemplateConfig
-from kvgate.config.schema import TokenizerConfig
+from kvgate.config.models import ChatTemplate as ChatTemplateConfig
+from kvgate.config.models import TokenizerConfig
 
 
 def tokenizer_for(config: TokenizerConfig) -> Tokenizer | None:

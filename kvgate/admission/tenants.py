@@ -1,11 +1,12 @@
 """Who is asking, how much they count, and how many tokens per minute they may spend.
 
-An API key maps to a tenant with a weight (its share of contended capacity, in tokens), a priority
-class and an optional budget in tokens per minute. Budgets are token buckets refilled continuously
-from injected time; a bucket holds at most one minute of budget, and a request larger than the
-whole bucket passes only when the bucket is full (the tenant then owes the difference), so no
-request is refused forever by its own size. Unknown keys fall to the anonymous tenant when auth is
-off and to ``None`` (the edge answers 401) when it is on.
+An API key (``auth.tenants``) maps to a tenant with a weight (its share of contended capacity, in
+tokens), a priority class and an optional budget in tokens per minute (``admission.tenants``).
+Budgets are token buckets refilled continuously from injected time; a bucket holds at most one
+minute of budget, and a request larger than the whole bucket passes only when the bucket is full
+(the tenant then owes the difference), so no request is refused forever by its own size. Unknown
+keys fall to the anonymous tenant when auth is off and to ``None`` (the edge answers 401) when it
+is on.
 
 Behind one Service, N gateways each keep a bucket of 1/N of every budget (``share``), as a
 distributed rate limiter's local buckets do: the Service spreads a tenant's requests over the
@@ -17,7 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kvgate.config.admission import AdmissionConfig, PriorityClass, TenantConfig
+from kvgate.config.admission import AdmissionConfig
+from kvgate.config.auth import AuthConfig
+from kvgate.config.tenants import PriorityClass, TenantConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +88,17 @@ def bearer_key(authorization: str | None) -> str | None:
 
 
 class TenantDirectory:
-    def __init__(self, config: AdmissionConfig) -> None:
-        self.auth_enabled = config.auth_enabled
-        self.anonymous = Tenant.from_config(config.anonymous_tenant)
+    """Keys to tenants: which keys are a tenant is ``auth``'s, what it may spend ``admission``'s
+    (a tenant ``admission`` does not list gets the defaults)."""
+
+    def __init__(self, admission: AdmissionConfig, auth: AuthConfig) -> None:
+        self.auth_enabled = auth.enabled
+        self.anonymous = Tenant.from_config(admission.anonymous_tenant)
+        policies = {tenant.name: tenant for tenant in admission.tenants}
         self._by_key: dict[str, Tenant] = {}
-        for tenant_config in config.tenants:
-            tenant = Tenant.from_config(tenant_config)
-            for key in tenant_config.api_keys:
+        for keys in auth.tenants:
+            tenant = Tenant.from_config(policies.get(keys.name, TenantConfig(name=keys.name)))
+            for key in keys.api_keys:
                 self._by_key[key.get_secret_value()] = tenant
         self._buckets: dict[str, TokenBucket] = {}
         self._fraction = 1.0

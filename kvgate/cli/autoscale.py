@@ -1,18 +1,16 @@
 """``kvgate autoscale``: the recommendation loop (``kvgate.autoscaler.loop``) against running
-gateways, with the actuator the flags name."""
+gateways, with the actuator the flags name. Its ``--config`` is a kvgate config file, the one
+``kvgate serve`` takes or one holding only an ``autoscaler:`` section (``kvgate.config.loop``);
+flags win over ``KVGATE_*`` variables, which win over the file, as for ``kvgate serve``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import os
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import aiohttp
-import yaml
-from pydantic import ValidationError
 
 from kvgate.autoscaler.actuators import (
     Actuator,
@@ -22,13 +20,16 @@ from kvgate.autoscaler.actuators import (
     kubernetes_apps_api,
 )
 from kvgate.autoscaler.loop import GatewaySources, run_loop
-from kvgate.cli.command import CommandError, http_url, report
+from kvgate.cli.command import CommandError, http_url, report, warning
 from kvgate.config.autoscaler import AutoscalerConfig
+from kvgate.config.loader import ConfigError
+from kvgate.config.loop import TOKEN_VARIABLE, LoopConfig, load_loop_config
+from kvgate.config.renames import variable
 
-ADMIN_TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
 
-
-def build_actuator(name: str, session: aiohttp.ClientSession, args: argparse.Namespace) -> Actuator:
+def build_actuator(
+    name: str, session: aiohttp.ClientSession, args: argparse.Namespace, admin_token: str | None
+) -> Actuator:
     if name == "log":
         return LogActuator()
     if name == "sim":
@@ -37,7 +38,7 @@ def build_actuator(name: str, session: aiohttp.ClientSession, args: argparse.Nam
             _pairs(args.sim_control, "--sim-control"),
             cold_start_s=args.cold_start_s,
             gateway_urls=args.gateway or (),
-            admin_token=args.admin_token,
+            admin_token=admin_token,
         )
     if name == "kubernetes":
         return KubernetesActuator(
@@ -57,30 +58,24 @@ def _pairs(values: Sequence[str] | None, flag: str) -> dict[str, str]:
     return out
 
 
-def load_autoscaler_config(path: str | None, interval_s: float | None) -> AutoscalerConfig:
-    """The policy from ``path`` (YAML; none: the defaults); ``CommandError`` in one line when bad."""
-    data: Any = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as exc:
-            raise CommandError(f"cannot read {path}: {exc.strerror or exc}") from None
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = "" if mark is None else f" at line {mark.line + 1}, column {mark.column + 1}"
-            raise CommandError(f"{path}: not valid YAML{where}") from None
-    if not isinstance(data, dict):
-        raise CommandError(f"{path}: the autoscaler section must be a mapping")
-    if interval_s is not None:
-        data = {**data, "interval_s": interval_s}
+def loop_config(args: argparse.Namespace, environ: Mapping[str, str]) -> LoopConfig:
+    """The loop's config from ``--config`` and ``environ``, ``--interval-s`` over both;
+    ``CommandError`` listing every problem when bad, a warning line per old form still read."""
+    environ = dict(environ)
+    if args.interval_s is not None:
+        environ[variable("autoscaler.interval_s")] = str(args.interval_s)
     try:
-        return AutoscalerConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}"
-            for e in exc.errors(include_url=False)
-        )
-        raise CommandError(f"{path or '--interval-s'}: {problems}") from None
+        return load_loop_config(args.config, environ, lambda message: warning(args.prog, message))
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def admin_token(args: argparse.Namespace, config: LoopConfig) -> str | None:
+    """``--admin-token``, else the config's ``auth.admin_token``."""
+    if args.admin_token is not None:
+        return str(args.admin_token)
+    token = config.auth.admin_token
+    return None if token is None else token.get_secret_value()
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -102,7 +97,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--actuator", choices=["log", "sim", "kubernetes"], default="log", help="default log")
     parser.add_argument(
-        "--config", default=None, help="YAML file with the autoscaler section (interval_s, policy, pools)"
+        "--config",
+        default=None,
+        help="kvgate config file (the one kvgate serve takes, or one with only an autoscaler: section); "
+        "KVGATE_AUTOSCALER__* and KVGATE_AUTH__ADMIN_TOKEN variables override it",
     )
     parser.add_argument("--interval-s", type=float, default=None, help="seconds between rounds (default 15)")
     parser.add_argument(
@@ -123,9 +121,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--admin-token",
-        default=os.environ.get(ADMIN_TOKEN_ENV),
-        help=f"bearer token for the gateways' /admin/* (default: ${ADMIN_TOKEN_ENV}); the sim actuator "
-        "sets the pool's replica set on every --gateway",
+        default=None,
+        help=f"bearer token for the gateways' /admin/* (default: the config's auth.admin_token, or "
+        f"${TOKEN_VARIABLE}); the sim actuator sets the pool's replica set on every --gateway",
     )
     parser.add_argument("--namespace", default="default", help="Kubernetes namespace (default default)")
     parser.add_argument(
@@ -144,22 +142,24 @@ def run_autoscale(args: argparse.Namespace) -> int:
         urls=tuple(http_url(u, "--gateway") for u in args.gateway or ()),
         dns_urls=tuple(http_url(u, "--gateway-dns") for u in args.gateway_dns or ()),
     )
-    config = load_autoscaler_config(args.config, args.interval_s)
+    config = loop_config(args, os.environ)
     if args.actuator == "sim" and not args.sim_control:
         raise CommandError("--actuator sim needs --sim-control POOL=URL")
     if args.actuator == "kubernetes" and not args.deployment:
         raise CommandError("--actuator kubernetes needs --deployment POOL=NAME")
     _pairs(args.sim_control, "--sim-control")
     _pairs(args.deployment, "--deployment")
-    succeeded = asyncio.run(_run(args, sources, config))
+    succeeded = asyncio.run(_run(args, sources, config.autoscaler, admin_token(args, config)))
     return 1 if args.iterations is not None and args.iterations > 0 and succeeded == 0 else 0
 
 
-async def _run(args: argparse.Namespace, sources: GatewaySources, config: AutoscalerConfig) -> int:
+async def _run(
+    args: argparse.Namespace, sources: GatewaySources, config: AutoscalerConfig, token: str | None
+) -> int:
     timeout = aiohttp.ClientTimeout(total=max(30.0, config.interval_s * 4))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            actuator = build_actuator(args.actuator, session, args)
+            actuator = build_actuator(args.actuator, session, args, token)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         return await run_loop(

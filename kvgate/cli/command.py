@@ -37,6 +37,11 @@ def report(prog: str, message: str) -> None:
     print("\n".join([f"{prog}: error: {first}", *rest]), file=sys.stderr, flush=True)
 
 
+def warning(prog: str, message: str) -> None:
+    """Print one warning line for ``prog``: something it acted on but that wants changing."""
+    print(f"{prog}: warning: {message}", file=sys.stderr, flush=True)
+
+
 def execute(args: argparse.Namespace) -> int:
     """Run the parsed command (``args.run``) to its exit status, its ``CommandError`` as one line."""
     run: Callable[[argparse.Namespace], int] = args.run

@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from kvgate.cli.command import CommandError
-from kvgate.config.loader import ConfigError, load_config
-from kvgate.config.schema import GatewayConfig
+from kvgate.cli.command import CommandError, warning
+from kvgate.config.gateway import GatewayConfig
+from kvgate.config.loader import ConfigError, Warn, load_config, log_warning
 
 
 def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,15 +31,16 @@ def register_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     check.set_defaults(run=_config_check, prog=check.prog)
 
 
-def load(path: str, environ: dict[str, str] | None = None) -> GatewayConfig:
+def load(path: str, environ: dict[str, str] | None = None, warn: Warn = log_warning) -> GatewayConfig:
     try:
-        return load_config(path, environ)
+        return load_config(path, environ, warn)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
 
 
 def _config_check(args: argparse.Namespace) -> int:
-    config = load(args.file)
+    """An old key still read is a warning line of the check's own, besides the summary."""
+    config = load(args.file, warn=lambda message: warning(args.prog, message))
     replicas = sum(len(p.replicas) for p in config.pools)
     dns = sum(1 for p in config.pools if p.dns is not None)
     print(

@@ -149,11 +149,8 @@ async def _serve_up(
                 }
                 for name, sim in pools.items()
             ],
-            "admission": {
-                "enabled": True,
-                "auth_enabled": False,
-                "max_active_sequences_per_replica": profile.max_num_seqs,
-            },
+            "auth": {"enabled": False},
+            "admission": {"enabled": True, "max_active_sequences_per_replica": profile.max_num_seqs},
             "routing": {"policy": "kvgate"},
             "autoscaler": None if autoscaler is None else autoscaler.model_dump(mode="json"),
             "access_log": {"format": "text"},

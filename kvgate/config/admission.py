@@ -1,37 +1,20 @@
-"""The admission section: what a request may cost, how long it may wait, who may send it.
+"""The admission section: what a request may cost, how long it may wait, what each tenant may spend.
 
 Every field states its unit, default and an example. Models are frozen; cross-field checks run
 after the field checks and report every problem at once (key, value, unit), so an operator fixes a
-bad file in one pass. The admission core receives only this section.
+bad file in one pass. The admission core receives this section; who a request is (its key, and
+whether one is required) is the auth section's, which only the tenant directory reads besides.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from kvgate.config.secrets import read_secret_files
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class PriorityClass(StrEnum):
-    """Queue order across classes is strict: every ``critical`` request before any ``standard``."""
-
-    CRITICAL = "critical"
-    STANDARD = "standard"
-    SHEDDABLE = "sheddable"
-
-    @property
-    def rank(self) -> int:
-        return _PRIORITY_RANK[self]
-
-
-_PRIORITY_RANK = {PriorityClass.CRITICAL: 0, PriorityClass.STANDARD: 1, PriorityClass.SHEDDABLE: 2}
+from kvgate.config.base import Frozen
+from kvgate.config.tenants import TenantConfig
 
 
 class MaxTokensPolicy(StrEnum):
@@ -41,7 +24,7 @@ class MaxTokensPolicy(StrEnum):
     DEFAULT_CAP = "default_cap"
 
 
-class ModelAdmissionConfig(_Section):
+class ModelAdmissionConfig(Frozen):
     """Per-model output-cap policy. ``AdmissionConfig.default_model`` applies to models not listed.
 
     Model facts (context window, KV bytes per token, tokenizer, chat template) live once, in the
@@ -85,64 +68,7 @@ class ModelAdmissionConfig(_Section):
     )
 
 
-class TenantConfig(_Section):
-    name: str = Field(min_length=1, description="Tenant name (text). No default. Example: 'search-team'.")
-    api_keys: tuple[SecretStr, ...] = Field(
-        default=(),
-        description="Bearer API keys that identify this tenant (list of text); secrets, never printed. "
-        "Default empty. Example: ['sk-search-1'].",
-    )
-    api_keys_file: str | None = Field(
-        default=None,
-        description="File holding api_keys, one per line (blank lines skipped); give this or api_keys "
-        "(path). Default none. Example: '/run/secrets/search-team-keys'.",
-    )
-    weight: float = Field(
-        default=1.0,
-        gt=0,
-        description=(
-            "Share of contended capacity, relative to other tenants, counted in tokens (ratio). "
-            "Default 1.0. Example: 3.0 (three times the tokens of a weight-1 tenant)."
-        ),
-    )
-    tokens_per_min: int | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Budget of prompt + max output tokens per minute (tokens/min); none = unlimited. "
-            "Default none. Example: 200000."
-        ),
-    )
-    priority: PriorityClass = Field(
-        default=PriorityClass.STANDARD,
-        description="Priority class of this tenant's requests (enum). Default 'standard'. "
-        "Example: 'critical'.",
-    )
-    ttft_slo_s: float | None = Field(
-        default=None,
-        gt=0,
-        description=(
-            "Time-to-first-token objective of this tenant's requests, in place of their model's "
-            "ttft_slo_s whatever the model (seconds): an interactive tenant may be refused sooner "
-            "than the model's objective would, a batch tenant may wait longer. Default none (the "
-            "model's). Example: 0.5."
-        ),
-    )
-
-    @model_validator(mode="before")
-    @classmethod
-    def _read_secret_files(cls, data: Any) -> Any:
-        return read_secret_files(data, (), lists=("api_keys",))
-
-    @field_validator("api_keys", mode="before")
-    @classmethod
-    def _digits_are_text(cls, value: object) -> object:
-        if isinstance(value, list | tuple):
-            return [str(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
-        return value
-
-
-class DeadlineHeader(_Section):
+class DeadlineHeader(Frozen):
     name: str = Field(
         min_length=1,
         description="Request header carrying the client's timeout (name, lower case). No default. "
@@ -160,7 +86,7 @@ _DEFAULT_DEADLINE_HEADERS = (
 )
 
 
-class AdmissionConfig(_Section):
+class AdmissionConfig(Frozen):
     enabled: bool = Field(
         default=True,
         description=(
@@ -168,21 +94,16 @@ class AdmissionConfig(_Section):
             "routed at once (a baseline for benchmarks; replicas may then preempt). Example: false."
         ),
     )
-    auth_enabled: bool = Field(
-        default=False,
-        description="Require a known API key (401 otherwise) (bool). Default false (as in 'kvgate up'). "
-        "Example: true.",
-    )
     anonymous_tenant: TenantConfig = Field(
         default_factory=lambda: TenantConfig(name="anonymous"),
-        description="Tenant for requests without a known key while auth is off (section). "
+        description="Tenant for requests without a known key while auth.enabled is off (section). "
         "Default: name 'anonymous', "
         "weight 1. Example: {name: public, weight: 0.5}.",
     )
     tenants: tuple[TenantConfig, ...] = Field(
         default=(),
-        description="Known tenants (list). Default empty. "
-        "Example: [{name: search, api_keys: [sk-1], weight: 2}].",
+        description="What each tenant named by auth.tenants may spend (list); a tenant not listed gets "
+        "the defaults. Default empty. Example: [{name: search, weight: 2}].",
     )
     models: dict[str, ModelAdmissionConfig] = Field(
         default_factory=dict,
@@ -319,19 +240,11 @@ class AdmissionConfig(_Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> AdmissionConfig:
         problems: list[str] = []
-        seen_keys: dict[str, str] = {}
         seen_names: set[str] = set()
         for tenant in self.tenants:
             if tenant.name in seen_names:
                 problems.append(f"tenants: name {tenant.name!r} appears twice")
             seen_names.add(tenant.name)
-            for secret in tenant.api_keys:
-                key = secret.get_secret_value()
-                if key in seen_keys:
-                    problems.append(
-                        f"tenants: an API key of {tenant.name!r} already belongs to {seen_keys[key]!r}"
-                    )
-                seen_keys[key] = tenant.name
         named_models = [(f"models.{name!r}", rules) for name, rules in self.models.items()]
         for where, rules in [("default_model", self.default_model), *named_models]:
             if rules.default_max_tokens > self.max_output_tokens_ceiling:
@@ -344,8 +257,6 @@ class AdmissionConfig(_Section):
                 f"itl_guard_min_sequences = {self.itl_guard_min_sequences} sequences exceeds "
                 f"max_active_sequences_per_replica = {self.max_active_sequences_per_replica} sequences"
             )
-        if self.auth_enabled and not self.tenants:
-            problems.append("auth_enabled = true but no tenants are configured: every request would be 401")
         if problems:
             raise ValueError("; ".join(problems))
         return self

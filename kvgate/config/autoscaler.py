@@ -9,14 +9,12 @@ whole policy for named pools; every other pool uses ``policy``.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-_FROZEN = ConfigDict(frozen=True, extra="forbid")
+from kvgate.config.base import Frozen
 
 
-class PoolPolicy(BaseModel):
-    model_config = _FROZEN
-
+class PoolPolicy(Frozen):
     min_replicas: int = Field(default=1, ge=0, description="Fewest replicas. Default 1. Example: 2")
     max_replicas: int = Field(default=16, ge=1, description="Most replicas. Default 16. Example: 64")
 
@@ -197,9 +195,7 @@ class PoolPolicy(BaseModel):
         return self
 
 
-class AutoscalerConfig(BaseModel):
-    model_config = _FROZEN
-
+class AutoscalerConfig(Frozen):
     interval_s: float = Field(
         default=15.0, gt=0, description="Seconds between two reads of the signals. Default 15. Example: 5"
     )

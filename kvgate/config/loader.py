@@ -14,20 +14,34 @@ pydantic's own error text, which quotes inputs, is never chained to the error ra
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, SecretStr, ValidationError
 
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
+from kvgate.config.renames import move_old_keys
 
 ENV_PREFIX = "KVGATE_"
 ENV_SEPARATOR = "__"
 EXAMPLES_DIR = Path(__file__).parent / "examples"
+
+Warn = Callable[[str], None]
+"""Where a loader's warnings go: an old key still read, say, one line each."""
+View = TypeVar("View", bound=BaseModel)
+
+_log = logging.getLogger("kvgate.config")
+
+
+def log_warning(message: str) -> None:
+    """The default ``Warn``: the ``kvgate.config`` logger."""
+    _log.warning("%s", message)
+
 
 _UNITS = {"_s": "seconds", "_tokens": "tokens", "_bytes": "bytes", "_ratio": "ratio (0..1)"}
 _UNITS_BY_NAME = {
@@ -90,38 +104,85 @@ class ConfigError(ValueError):
             super().__init__(f"invalid config {source}: {len(problems)} problems\n{lines}")
 
 
-def load_config(path: str | Path | None = None, environ: Mapping[str, str] | None = None) -> GatewayConfig:
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None, warn: Warn = log_warning
+) -> GatewayConfig:
     """Read ``path`` (YAML; none means an empty document), apply overrides from ``environ``
-    (default ``os.environ``) and validate."""
-    source = str(path) if path is not None else "<environment>"
-    data: Any = {}
-    if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            raise ConfigError(
-                source, [ConfigProblem("", NOT_SHOWN, f"cannot read: {reason}", None)]
-            ) from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(source, [ConfigProblem("", NOT_SHOWN, _yaml_problem(exc), None)]) from None
+    (default ``os.environ``) and validate; ``warn`` gets one line per old key still read."""
+    return parse_config(
+        read_document(path), os.environ if environ is None else environ, source_of(path), warn
+    )
+
+
+def source_of(path: str | Path | None) -> str:
+    """How a config's errors name where it came from."""
+    return str(path) if path is not None else "<environment>"
+
+
+def read_document(path: str | Path | None) -> dict[str, Any]:
+    """The YAML mapping in ``path`` (none: an empty one), unvalidated; ``ConfigError`` when the file
+    cannot be read, does not parse or is not a mapping."""
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(str(path), [ConfigProblem("", NOT_SHOWN, f"cannot read: {reason}", None)]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), [ConfigProblem("", NOT_SHOWN, _yaml_problem(exc), None)]) from None
     if not isinstance(data, dict):
-        raise ConfigError(source, [ConfigProblem("", NOT_SHOWN, "top level must be a mapping", None)])
-    return parse_config(data, os.environ if environ is None else environ, source)
+        raise ConfigError(str(path), [ConfigProblem("", NOT_SHOWN, "top level must be a mapping", None)])
+    return data
 
 
 def parse_config(
-    data: Mapping[str, Any], environ: Mapping[str, str], source: str = "<config>"
+    data: Mapping[str, Any], environ: Mapping[str, str], source: str = "<config>", warn: Warn = log_warning
 ) -> GatewayConfig:
+    return parse_as(GatewayConfig, data, environ, source, warn)
+
+
+def parse_as(
+    view: type[View], data: Mapping[str, Any], environ: Mapping[str, str], source: str, warn: Warn
+) -> View:
+    """``data`` with the overrides of ``environ`` and its old keys moved (``kvgate.config.renames``),
+    validated as ``view``: ``GatewayConfig``, or the part of it that one command reads, whose
+    sections are the gateway's or narrower (``kvgate.config.loop``). What the gateway knows and
+    ``view`` does not is left out unchecked; a key that neither knows is an error."""
     merged, problems = apply_env_overrides(data, environ)
+    renamed = move_old_keys(merged)
+    for line in renamed.warnings:
+        warn(line)
+    problems.extend(ConfigProblem(c.old, NOT_SHOWN, c.message, None) for c in renamed.clashes)
     try:
-        config = GatewayConfig.model_validate(merged)
+        config = view.model_validate(_read_by(merged, view, GatewayConfig))
     except ValidationError as exc:
         problems.extend(_problems(exc))
         raise ConfigError(source, problems) from None
     if problems:
         raise ConfigError(source, problems)
     return config
+
+
+def _read_by(data: dict[str, Any], view: type[BaseModel], whole: type[BaseModel]) -> dict[str, Any]:
+    """``data`` without the keys that ``whole`` has and ``view`` has not, at every level."""
+    kept: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in view.model_fields:
+            inner, outer = _section_of(view, key), _section_of(whole, key)
+            if inner is not None and outer is not None and inner is not outer and isinstance(value, dict):
+                value = _read_by(value, inner, outer)
+            kept[key] = value
+        elif key not in whole.model_fields:
+            kept[key] = value
+    return kept
+
+
+def _section_of(model: type[BaseModel], key: str) -> type[BaseModel] | None:
+    """The section class of ``model``'s field ``key`` (``X | None`` included), if it is one."""
+    field = model.model_fields.get(key)
+    candidates = [] if field is None else [field.annotation, *get_args(field.annotation)]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
 
 
 def apply_env_overrides(

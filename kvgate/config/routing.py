@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from kvgate.config.base import Frozen
 
 SCORER_NAMES: tuple[str, ...] = ("outstanding_tokens", "sequence_slots", "prefix_locality")
 """Every scorer a ``scorer_weights`` key may name."""
@@ -19,9 +21,7 @@ SCORER_NAMES: tuple[str, ...] = ("outstanding_tokens", "sequence_slots", "prefix
 PolicyName = Literal["kvgate", "round_robin", "least_request"]
 
 
-class RoutingConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class RoutingConfig(Frozen):
     policy: PolicyName = Field(
         default="kvgate",
         description=(

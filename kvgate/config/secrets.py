@@ -15,6 +15,16 @@ from pathlib import Path
 from typing import Any
 
 
+def digits_as_text(value: object) -> object:
+    """A secret written as digits (``KVGATE_AUTH__ADMIN_TOKEN=1234``, which YAML reads as a number)
+    as the text it was, each item of a list too; for a ``mode="before"`` field validator."""
+    if isinstance(value, list | tuple):
+        return [digits_as_text(item) for item in value]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return value
+
+
 def _read(field: str, path: object) -> str:
     if not isinstance(path, str) or not path:
         raise ValueError(f"{field}_file must be a file path")

@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from kvgate.admission.decision import AdmissionRequest
 from kvgate.admission.ledger import InMemoryLedger
-from kvgate.config.schema import GatewayConfig, Model, Pool
+from kvgate.config.gateway import GatewayConfig
+from kvgate.config.models import Model
+from kvgate.config.pools import Pool
 from kvgate.routing.prefix_hash import BLOCK_SIZE_TOKENS
 from kvgate.routing.request import RoutingRequest
 from kvgate.vocabulary.replica import Role, ScrapedMetrics
@@ -99,7 +101,7 @@ class ProxyRequest:
     """The client's headers, as received (minus hop-by-hop ones)."""
     upstream_headers: list[tuple[bytes, bytes]]
     """What is sent to the replica: the client's headers plus ``x_request_id``, without its
-    ``Authorization`` and ``Cookie`` unless ``server.forward_client_credentials``."""
+    ``Authorization`` and ``Cookie`` unless ``auth.forward_client_credentials``."""
     replica: ReplicaState | None = None
     response_started: bool = False
     disconnected: bool = False

@@ -102,13 +102,12 @@ async def test_refusals_and_errors_are_logged_even_when_sampling_keeps_no_succes
     fleet: SimFleet, capsys: pytest.CaptureFixture[str]
 ) -> None:
     err = Stderr(capsys)
-    admission = {
-        "auth_enabled": True,
-        "tenants": [{"name": "team", "api_keys": ["sk-team"], "tokens_per_min": 60}],
-        "max_queue_wait_s": 0,
-    }
+    auth = {"enabled": True, "tenants": [{"name": "team", "api_keys": ["sk-team"]}]}
+    admission = {"tenants": [{"name": "team", "tokens_per_min": 60}], "max_queue_wait_s": 0}
     model = {"name": MODEL, "max_model_len": 1000, "kv_bytes_per_token": 131072}
-    config = gateway_config(fleet.urls, admission=admission, models=[model], access_log={"sample_ratio": 0})
+    config = gateway_config(
+        fleet.urls, auth=auth, admission=admission, models=[model], access_log={"sample_ratio": 0}
+    )
     team = {"authorization": "Bearer sk-team"}
     async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
         assert (await http.post("/v1/chat/completions", json=chat(4), headers=team)).status_code == 200

@@ -1,5 +1,5 @@
 """Who may call ``/admin/*``: the bearer of the admin token, or loopback clients when none is set;
-the token comes from ``server.admin_token`` (or ``KVGATE_SERVER__ADMIN_TOKEN``) of a running gateway."""
+the token comes from ``auth.admin_token`` (or ``KVGATE_AUTH__ADMIN_TOKEN``) of a running gateway."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ async def test_routes_outside_admin_stay_open() -> None:
 
 
 async def test_a_running_gateway_takes_its_admin_token_from_the_config() -> None:
-    config = gateway_config([REPLICA], server={"admin_token": TOKEN})
+    config = gateway_config([REPLICA], auth={"admin_token": TOKEN})
     async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
         anonymous = await http.get("/admin/pools")
         wrong = await http.get("/admin/pools", headers={"authorization": "Bearer nope"})
@@ -93,8 +93,8 @@ async def test_an_all_digit_token_from_the_environment_is_text() -> None:
         "models": [{"name": "m", "max_model_len": 8192, "kv_bytes_per_token": 131072}],
         "pools": [{"name": "default", "replicas": [REPLICA], "kv_capacity_tokens": 100000}],
     }
-    config = parse_config(base, {"KVGATE_SERVER__ADMIN_TOKEN": "123456"})
-    assert config.server.admin_token is not None and config.server.admin_token.get_secret_value() == "123456"
+    config = parse_config(base, {"KVGATE_AUTH__ADMIN_TOKEN": "123456"})
+    assert config.auth.admin_token is not None and config.auth.admin_token.get_secret_value() == "123456"
     async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
         assert (await http.get("/admin/pools")).status_code == 401
         granted = await http.get("/admin/pools", headers={"authorization": "Bearer 123456"})

@@ -34,12 +34,13 @@ def small_fleet(time_scale: float = 0.0, replicas: int = 1) -> SimFleet:
     )
 
 
-def config_for(fleet: SimFleet, max_model_len: int = 131072, **admission: Any) -> Any:
+def config_for(
+    fleet: SimFleet, max_model_len: int = 131072, auth: dict[str, Any] | None = None, **admission: Any
+) -> Any:
     pool = {"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": KV_CAPACITY_TOKENS}
     model = {"name": MODEL, "max_model_len": max_model_len, "kv_bytes_per_token": 131072}
-    return gateway_config(
-        fleet.urls, models=[model], pools=[{**pool, "max_sequences": MAX_SEQS}], admission=admission
-    )
+    pools = [{**pool, "max_sequences": MAX_SEQS}]
+    return gateway_config(fleet.urls, models=[model], pools=pools, admission=admission, auth=auth or {})
 
 
 def completion(max_tokens: int = MAX_TOKENS, **extra: Any) -> dict[str, Any]:
@@ -169,7 +170,7 @@ async def test_auth_on_an_unknown_key_is_401_and_a_known_key_is_served() -> None
     tenants = [{"name": "team", "api_keys": ["sk-team"]}]
     async with (
         small_fleet() as fleet,
-        running_gateway(config_for(fleet, auth_enabled=True, tenants=tenants)) as gw,
+        running_gateway(config_for(fleet, auth={"enabled": True, "tenants": tenants})) as gw,
     ):
         for key in (None, "sk-wrong"):
             answer = await _post(gw, completion(8), key)

@@ -51,7 +51,7 @@ async def test_grow_adds_a_cold_replica_that_serves_after_start_and_shrink_drops
             replicas=1, time_scale=1.0, cold_start_s=0.0, record_streams=True, seed=0, control_port=0
         ) as fleet,
     ):
-        config = gateway_config(fleet.urls, server={"admin_token": TOKEN}, routing={"warmup_s": 0.5})
+        config = gateway_config(fleet.urls, auth={"admin_token": TOKEN}, routing={"warmup_s": 0.5})
         async with (
             running_gateway(config) as gw,
             httpx.AsyncClient(base_url=gw.url, timeout=60.0) as http,
@@ -104,7 +104,7 @@ async def test_grow_adds_a_cold_replica_that_serves_after_start_and_shrink_drops
 
 async def test_without_the_token_the_gateway_refuses_the_new_replica_set() -> None:
     async with SimFleet(replicas=1, time_scale=0.0, seed=0, control_port=0) as fleet:
-        config = gateway_config(fleet.urls, server={"admin_token": TOKEN})
+        config = gateway_config(fleet.urls, auth={"admin_token": TOKEN})
         async with running_gateway(config) as gw, aiohttp.ClientSession() as session:
             assert fleet.control_url is not None
             actuator = SimActuator(session, {"default": fleet.control_url}, gateway_url=gw.url)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import httpx
 
+from kvgate.config.gateway import GatewayConfig
 from kvgate.config.loader import parse_config
-from kvgate.config.schema import DnsReplicas, GatewayConfig
+from kvgate.config.pools import DnsReplicas
 from kvgate.gateway.edge.server import running_gateway
 from kvgate.gateway.replicas.discovery import DnsDiscovery
 from kvgate.gateway.state import GatewayState

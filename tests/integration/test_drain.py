@@ -18,7 +18,7 @@ import aiohttp
 import httpx
 import orjson
 
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
 from kvgate.sim.fleet import SimFleet
 from kvgate.sim.ports import free_ports

@@ -1,7 +1,7 @@
 """Credentials and headers between clients, the gateway and replicas.
 
 The client's ``Authorization`` and ``Cookie`` stay at the gateway unless
-``server.forward_client_credentials`` says otherwise; a pool's own ``api_key`` goes to every call to
+``auth.forward_client_credentials`` says otherwise; a pool's own ``api_key`` goes to every call to
 its replicas (completions, ``/tokenize``, health probes, ``/metrics`` scrapes); a replica's
 ``Set-Cookie`` and hop-by-hop headers never reach the client by default; an error the client sees
 names the replica, never its URL. The replica here is a stand-in that records every request's
@@ -171,8 +171,8 @@ async def test_headers_the_clients_connection_header_names_are_not_forwarded() -
 
 
 async def test_client_credentials_and_replica_cookies_pass_when_configured() -> None:
-    server = {"forward_client_credentials": True}
-    async with RecordingReplica() as replica, gateway_before(replica, server=server) as (gw, http):
+    auth = {"forward_client_credentials": True}
+    async with RecordingReplica() as replica, gateway_before(replica, auth=auth) as (gw, http):
         response = await http.post("/v1/chat/completions", json=CHAT, headers=CLIENT_HEADERS)
         assert response.status_code == 200, response.text
         [sent] = replica.seen("/v1/chat/completions")
@@ -185,12 +185,15 @@ async def test_client_credentials_and_replica_cookies_pass_when_configured() -> 
 
 
 async def test_a_pools_api_key_goes_to_every_call_to_its_replicas_in_place_of_the_clients() -> None:
-    tenants = {"auth_enabled": True, "tenants": [{"name": "team", "api_keys": [CLIENT_KEY]}]}
+    auth = {
+        "enabled": True,
+        "tenants": [{"name": "team", "api_keys": [CLIENT_KEY]}],
+        "forward_client_credentials": True,
+    }
     sections: dict[str, Any] = {
         "pool": {"api_key": POOL_KEY},
         "model": {"tokenizer": {"kind": "replica"}},
-        "admission": tenants,
-        "server": {"forward_client_credentials": True},
+        "auth": auth,
     }
     async with RecordingReplica() as replica, gateway_before(replica, **sections) as (gw, http):
         response = await http.post("/v1/chat/completions", json=CHAT, headers=CLIENT_HEADERS)
@@ -222,8 +225,8 @@ async def test_replica_failures_name_the_replica_never_its_url() -> None:
 
 
 async def test_an_api_key_without_bearer_is_refused_as_openai_does(fleet: SimFleet) -> None:
-    admission = {"auth_enabled": True, "tenants": [{"name": "team", "api_keys": [CLIENT_KEY]}]}
-    config = gateway_config(fleet.urls, admission=admission)
+    auth = {"enabled": True, "tenants": [{"name": "team", "api_keys": [CLIENT_KEY]}]}
+    config = gateway_config(fleet.urls, auth=auth)
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
     async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url) as http:
         bare = await http.post("/v1/completions", json=body, headers={"authorization": CLIENT_KEY})

@@ -15,7 +15,7 @@ import httpx
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
 from kvgate.sim.fleet import SimFleet
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config

@@ -1,8 +1,8 @@
 """Who may read ``/metrics``, ``/signals``, ``/docs`` and ``/openapi.json``.
 
-``server.protect_observability`` unset follows ``admission.auth_enabled``: a gateway that asks
+``auth.protect_observability`` unset follows ``auth.enabled``: a gateway that asks
 clients for keys also closes its observability routes, to the bearer of the admin token or of
-``server.observability_token``; a tenant's key is not enough (they show the whole fleet)."""
+``auth.observability_token``; a tenant's key is not enough (they show the whole fleet)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ ADMIN = "admin-token-1"
 SCRAPER = "scraper-token-2"
 TENANT = "sk-tenant-3"
 PATHS = ("/metrics", "/signals", "/docs", "/openapi.json")
-AUTH_ON = {"auth_enabled": True, "tenants": [{"name": "team", "api_keys": [TENANT]}]}
+AUTH_ON = {"enabled": True, "tenants": [{"name": "team", "api_keys": [TENANT]}]}
 
 
 async def statuses(fleet: SimFleet, authorization: str | None, **sections: Any) -> set[int]:
@@ -35,16 +35,16 @@ async def statuses(fleet: SimFleet, authorization: str | None, **sections: Any) 
 
 
 async def test_with_auth_on_they_need_the_admin_or_observability_token(fleet: SimFleet) -> None:
-    server = {"admin_token": ADMIN, "observability_token": SCRAPER}
+    auth = {**AUTH_ON, "admin_token": ADMIN, "observability_token": SCRAPER}
     for authorization in (None, f"Bearer {TENANT}", SCRAPER, "Bearer wrong"):
-        assert await statuses(fleet, authorization, server=server, admission=AUTH_ON) == {401}, authorization
+        assert await statuses(fleet, authorization, auth=auth) == {401}, authorization
     for authorization in (f"Bearer {ADMIN}", f"Bearer {SCRAPER}"):
-        assert await statuses(fleet, authorization, server=server, admission=AUTH_ON) == {200}
+        assert await statuses(fleet, authorization, auth=auth) == {200}
 
 
 async def test_protection_is_a_setting(fleet: SimFleet) -> None:
-    opened = {"admin_token": ADMIN, "protect_observability": False}
-    assert await statuses(fleet, None, server=opened, admission=AUTH_ON) == {200}
+    opened = {**AUTH_ON, "admin_token": ADMIN, "protect_observability": False}
+    assert await statuses(fleet, None, auth=opened) == {200}
     closed = {"admin_token": ADMIN, "protect_observability": True}
-    assert await statuses(fleet, None, server=closed) == {401}
-    assert await statuses(fleet, None, server={"admin_token": ADMIN}) == {200}
+    assert await statuses(fleet, None, auth=closed) == {401}
+    assert await statuses(fleet, None, auth={"admin_token": ADMIN}) == {200}

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import aiohttp
 from aiohttp import web
 
-from kvgate.config.schema import Model
+from kvgate.config.models import Model
 from kvgate.gateway.request_path.prompt import PromptEncoder
 
 MODEL = "m"

@@ -17,7 +17,7 @@ import pytest
 
 from kvgate.admission.cost import CostEstimate
 from kvgate.admission.decision import Refusal
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.edge.server import running_gateway
 from kvgate.gateway.request_path.decision_path import DecisionPath
 from kvgate.gateway.request_path.dispatcher import Route

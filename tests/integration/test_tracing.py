@@ -108,10 +108,10 @@ async def test_tracing_off_adds_no_traceparent_and_passes_a_clients_on() -> None
 
 
 async def test_a_refused_request_is_one_span_with_its_status() -> None:
-    admission = {"auth_enabled": True, "tenants": [{"name": "team", "api_keys": ["sk-team"]}]}
+    auth = {"enabled": True, "tenants": [{"name": "team", "api_keys": ["sk-team"]}]}
     async with (
         RecordingReplica() as replica,
-        running_gateway(config_for(replica, tracing=TRACING, admission=admission)) as gw,
+        running_gateway(config_for(replica, tracing=TRACING, auth=auth)) as gw,
         httpx.AsyncClient(base_url=gw.url, timeout=30) as http,
     ):
         exporter = recorded(gw)

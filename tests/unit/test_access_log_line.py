@@ -11,7 +11,7 @@ import orjson
 import pytest
 import structlog
 
-from kvgate.config.schema import AccessLog as AccessLogConfig
+from kvgate.config.observability import AccessLog as AccessLogConfig
 from kvgate.gateway.edge.errors import TooManyRequests
 from kvgate.gateway.state import ProxyRequest, ReplicaState
 from kvgate.gateway.telemetry.access_log import AccessLog

@@ -18,8 +18,10 @@ from kvgate.admission.decision import (
 )
 from kvgate.admission.ledger import InMemoryLedger
 from kvgate.admission.retry_after import ServiceRates
-from kvgate.admission.tenants import Tenant
-from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig, PriorityClass, TenantConfig
+from kvgate.admission.tenants import Tenant, TenantDirectory
+from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig
+from kvgate.config.auth import AuthConfig, TenantKeys
+from kvgate.config.tenants import PriorityClass, TenantConfig
 from kvgate.vocabulary.replica import ReplicaView, Role
 from kvgate.vocabulary.snapshot import FleetSnapshot
 
@@ -27,12 +29,20 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 _ids = count(1)
 
 
+def key_of(tenant: str) -> AuthConfig:
+    """Auth giving ``tenant`` the key ``k``."""
+    return AuthConfig(tenants=(TenantKeys(name=tenant, api_keys=("k",)),))
+
+
 class Fleet:
     """Replicas whose load is the controller's own ledger, on a manual clock."""
 
-    def __init__(self, config: AdmissionConfig, capacities: dict[str, int]) -> None:
+    def __init__(
+        self, config: AdmissionConfig, capacities: dict[str, int], auth: AuthConfig | None = None
+    ) -> None:
         self.ledger = InMemoryLedger()
-        self.controller = AdmissionController(config, self.ledger)
+        tenants = None if auth is None else TenantDirectory(config, auth)
+        self.controller = AdmissionController(config, self.ledger, tenants)
         self.controller.observe_rates(ServiceRates(inter_token_s=0.01, prefill_tokens_per_s=10_000))
         self.capacities = capacities
         self.overrides: dict[str, dict[str, object]] = {}
@@ -277,8 +287,8 @@ def test_large_request_neither_blocks_small_ones_forever_nor_starves() -> None:
 
 
 def test_tenant_budget_429_and_refund_on_cancel() -> None:
-    config = AdmissionConfig(tenants=(TenantConfig(name="metered", api_keys=("k",), tokens_per_min=600),))
-    fleet = Fleet(config, {"a": 500})
+    config = AdmissionConfig(tenants=(TenantConfig(name="metered", tokens_per_min=600),))
+    fleet = Fleet(config, {"a": 500}, key_of("metered"))
     tenant = fleet.controller.tenants.identify("k")
     assert tenant is not None and tenant.tokens_per_min == 600
     assert isinstance(fleet.admit(req(250, 250, tenant)), Admit)
@@ -296,8 +306,8 @@ def test_tenant_budget_429_and_refund_on_cancel() -> None:
 
 
 def test_tenant_budget_wait_is_the_refill_time() -> None:
-    config = AdmissionConfig(tenants=(TenantConfig(name="metered", api_keys=("k",), tokens_per_min=60),))
-    fleet = Fleet(config, {"a": 10_000})
+    config = AdmissionConfig(tenants=(TenantConfig(name="metered", tokens_per_min=60),))
+    fleet = Fleet(config, {"a": 10_000}, key_of("metered"))
     tenant = fleet.controller.tenants.identify("k")
     assert tenant is not None
     assert isinstance(fleet.admit(req(30, 30, tenant)), Admit)
@@ -340,8 +350,8 @@ def test_requeue_restores_order() -> None:
 
 
 def test_settle_refunds_unused_output_to_the_budget() -> None:
-    config = AdmissionConfig(tenants=(TenantConfig(name="metered", api_keys=("k",), tokens_per_min=1000),))
-    fleet = Fleet(config, {"a": 10_000})
+    config = AdmissionConfig(tenants=(TenantConfig(name="metered", tokens_per_min=1000),))
+    fleet = Fleet(config, {"a": 10_000}, key_of("metered"))
     tenant = fleet.controller.tenants.identify("k")
     assert tenant is not None
     big = req(100, 900, tenant)
@@ -428,8 +438,9 @@ def test_a_tenants_own_ttft_objective_takes_the_place_of_the_models() -> None:
 
 
 def test_a_tenants_ttft_objective_comes_from_its_config() -> None:
-    config = AdmissionConfig(tenants=(TenantConfig(name="interactive", api_keys=("k",), ttft_slo_s=0.5),))
-    tenant = AdmissionController(config, InMemoryLedger()).tenants.identify("k")
+    config = AdmissionConfig(tenants=(TenantConfig(name="interactive", ttft_slo_s=0.5),))
+    tenants = TenantDirectory(config, key_of("interactive"))
+    tenant = AdmissionController(config, InMemoryLedger(), tenants).tenants.identify("k")
     assert tenant is not None and tenant.ttft_slo_s == 0.5
 
 
@@ -447,8 +458,8 @@ def test_a_queued_request_is_refused_when_its_objective_runs_out_not_forwarded_l
 
 
 def test_an_admitted_request_no_replica_took_gives_back_its_budget() -> None:
-    config = AdmissionConfig(tenants=(TenantConfig(name="metered", api_keys=("k",), tokens_per_min=1000),))
-    fleet = Fleet(config, {"a": 100_000})
+    config = AdmissionConfig(tenants=(TenantConfig(name="metered", tokens_per_min=1000),))
+    fleet = Fleet(config, {"a": 100_000}, key_of("metered"))
     tenant = fleet.controller.tenants.identify("k")
     assert tenant is not None
     first = req(500, 400, tenant)

@@ -10,7 +10,7 @@ from kvgate.admission.cost import (
     requested_max_tokens,
 )
 from kvgate.config.admission import AdmissionConfig, MaxTokensPolicy, ModelAdmissionConfig
-from kvgate.config.schema import Architecture, Model
+from kvgate.config.models import Architecture, Model
 
 STRICT = ModelAdmissionConfig(max_tokens_policy=MaxTokensPolicy.REJECT)
 CAPPED = ModelAdmissionConfig(default_max_tokens=512)

@@ -14,15 +14,9 @@ from kvgate.admission.tokenizer import (
     Tokenizer,
 )
 from kvgate.admission.tokenizer import ChatTemplate as Template
-from kvgate.config.schema import (
-    BytesTokenizer,
-    ChatTemplate,
-    ReplicaTokenizer,
-)
-from kvgate.config.schema import (
-    HuggingFaceTokenizer as HuggingFaceConfig,
-)
-from kvgate.config.schema import TiktokenTokenizer as TiktokenConfig
+from kvgate.config.models import BytesTokenizer, ChatTemplate, ReplicaTokenizer
+from kvgate.config.models import HuggingFaceTokenizer as HuggingFaceConfig
+from kvgate.config.models import TiktokenTokenizer as TiktokenConfig
 
 HAS_TOKENIZERS = importlib.util.find_spec("tokenizers") is not None
 

@@ -23,7 +23,7 @@ from kvgate.admission.decision import AdmissionRequest, Admit, Refusal
 from kvgate.admission.ledger import InMemoryLedger
 from kvgate.admission.tenants import Tenant
 from kvgate.config.admission import AdmissionConfig, ModelAdmissionConfig
-from kvgate.config.schema import Model
+from kvgate.config.models import Model
 from kvgate.routing.filters import Gate
 from kvgate.routing.request import RoutingRequest
 from kvgate.vocabulary.capacity import fits

@@ -11,7 +11,8 @@ from kvgate.admission.cost import CostEstimate
 from kvgate.admission.decision import AdmissionRequest, Admit, Queue, Refusal, RefusalReason
 from kvgate.admission.promises import PromiseBook, fingerprint, request_key, retry_count
 from kvgate.admission.tenants import Tenant
-from kvgate.config.admission import AdmissionConfig, PriorityClass
+from kvgate.config.admission import AdmissionConfig
+from kvgate.config.tenants import PriorityClass
 from tests.unit.test_admission_controller import MODEL, Fleet
 
 _ids = count(1)

@@ -9,7 +9,7 @@ from kvgate.admission.cost import CostEstimate
 from kvgate.admission.decision import AdmissionRequest
 from kvgate.admission.queue import Ahead, QueuedRequest, WaitQueue
 from kvgate.admission.tenants import Tenant
-from kvgate.config.admission import PriorityClass
+from kvgate.config.tenants import PriorityClass
 from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
 
 SLOT = (

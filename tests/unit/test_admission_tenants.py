@@ -4,12 +4,23 @@ import pytest
 
 from kvgate.admission.deadline import client_timeout_s
 from kvgate.admission.tenants import Tenant, TenantDirectory, TokenBucket
-from kvgate.config.admission import AdmissionConfig, DeadlineHeader, PriorityClass, TenantConfig
+from kvgate.config.admission import AdmissionConfig, DeadlineHeader
+from kvgate.config.auth import AuthConfig, TenantKeys
+from kvgate.config.tenants import PriorityClass, TenantConfig
 
 TENANTS = (
-    TenantConfig(name="search", api_keys=("sk-s1", "sk-s2"), weight=2.0, priority=PriorityClass.CRITICAL),
-    TenantConfig(name="batch", api_keys=("sk-b",), tokens_per_min=6000),
+    TenantConfig(name="search", weight=2.0, priority=PriorityClass.CRITICAL),
+    TenantConfig(name="batch", tokens_per_min=6000),
 )
+KEYS = (TenantKeys(name="search", api_keys=("sk-s1", "sk-s2")), TenantKeys(name="batch", api_keys=("sk-b",)))
+
+
+def directory_of(metered: TenantConfig | None = None, enabled: bool = False) -> TenantDirectory:
+    """``TENANTS`` with ``KEYS``; or ``metered`` alone, with the key ``k``."""
+    if metered is None:
+        return TenantDirectory(AdmissionConfig(tenants=TENANTS), AuthConfig(enabled=enabled, tenants=KEYS))
+    keys = (TenantKeys(name=metered.name, api_keys=("k",)),)
+    return TenantDirectory(AdmissionConfig(tenants=(metered,)), AuthConfig(enabled=enabled, tenants=keys))
 
 
 @pytest.mark.parametrize(
@@ -24,15 +35,20 @@ TENANTS = (
     ],
 )
 def test_identify(auth: bool, key: str | None, expected: str | None) -> None:
-    directory = TenantDirectory(AdmissionConfig(auth_enabled=auth, tenants=TENANTS))
+    directory = directory_of(enabled=auth)
     tenant = directory.identify(key)
     assert (tenant.name if tenant else None) == expected
 
 
 def test_tenant_values_come_from_config() -> None:
-    directory = TenantDirectory(AdmissionConfig(tenants=TENANTS))
+    directory = directory_of()
     assert directory.identify("sk-s1") == Tenant("search", 2.0, PriorityClass.CRITICAL, None)
     assert {t.name for t in directory.tenants()} == {"anonymous", "search", "batch"}
+
+
+def test_a_tenant_with_keys_and_no_admission_entry_gets_the_defaults() -> None:
+    keys = AuthConfig(tenants=(TenantKeys(name="new", api_keys=("sk-n",)),))
+    assert TenantDirectory(AdmissionConfig(), keys).identify("sk-n") == Tenant("new")
 
 
 def test_bucket_refills_continuously_up_to_one_minute() -> None:
@@ -55,14 +71,14 @@ def test_oversized_request_passes_only_from_a_full_bucket_then_owes() -> None:
 
 
 def test_unlimited_tenants_are_never_charged() -> None:
-    directory = TenantDirectory(AdmissionConfig(tenants=TENANTS))
+    directory = directory_of()
     search = directory.identify("sk-s1")
     assert search is not None
     assert all(directory.take(search, 10**9, 0.0) == 0.0 for _ in range(3))
 
 
 def test_refund_is_capped_at_the_bucket() -> None:
-    directory = TenantDirectory(AdmissionConfig(tenants=TENANTS))
+    directory = directory_of()
     batch = directory.identify("sk-b")
     assert batch is not None
     assert directory.take(batch, 6000, 0.0) == 0.0
@@ -94,8 +110,7 @@ def test_deadline_headers_are_configurable() -> None:
 
 @pytest.mark.parametrize(("gateways", "taken"), [(1, 60000), (2, 30000), (4, 15000)])
 def test_each_of_n_gateways_holds_one_nth_of_a_budget(gateways: int, taken: int) -> None:
-    config = AdmissionConfig(tenants=[TenantConfig(name="t", api_keys=["k"], tokens_per_min=60000)])
-    directory = TenantDirectory(config)
+    directory = directory_of(TenantConfig(name="t", tokens_per_min=60000))
     tenant = directory.identify("k")
     assert tenant is not None
     directory.share(gateways, 0.0)
@@ -105,8 +120,7 @@ def test_each_of_n_gateways_holds_one_nth_of_a_budget(gateways: int, taken: int)
 
 
 def test_a_gateway_joining_shrinks_a_bucket_already_in_use_and_leaving_grows_it() -> None:
-    config = AdmissionConfig(tenants=[TenantConfig(name="t", api_keys=["k"], tokens_per_min=60000)])
-    directory = TenantDirectory(config)
+    directory = directory_of(TenantConfig(name="t", tokens_per_min=60000))
     tenant = directory.identify("k")
     assert tenant is not None
     assert directory.take(tenant, 10000, 0.0) == 0.0

@@ -9,8 +9,7 @@ import yaml
 from kvgate.autoscaler.recommendation import SCALE_OUT_OCCUPANCY_ITL
 from kvgate.autoscaler.signals import merge_signals, pool_signals
 from kvgate.cli import main
-from kvgate.cli.autoscale import load_autoscaler_config, register, run_autoscale
-from kvgate.cli.command import CommandError
+from kvgate.cli.autoscale import register, run_autoscale
 from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
 from kvgate.gateway.telemetry.recommender import GatewayRecommender
 from tests.unit.test_metrics import MODEL, FakeClock, populated, samples, value
@@ -32,15 +31,6 @@ def test_register_adds_the_autoscale_command() -> None:
     )
 
 
-def test_the_admin_token_comes_from_the_flag_or_else_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    base = ("--gateway", "http://gw", "--actuator", "sim", "--sim-control", "default=http://sim:9100")
-    monkeypatch.delenv("KVGATE_ADMIN_TOKEN", raising=False)
-    assert parse(*base).admin_token is None
-    monkeypatch.setenv("KVGATE_ADMIN_TOKEN", "from-env")
-    assert parse(*base).admin_token == "from-env"
-    assert parse(*base, "--admin-token", "from-flag").admin_token == "from-flag"
-
-
 def test_bad_actuator_arguments_exit_with_2_and_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["autoscale", "--gateway", "http://gw", "--actuator", "sim"]) == 2
     (line,) = capsys.readouterr().err.splitlines()
@@ -48,17 +38,6 @@ def test_bad_actuator_arguments_exit_with_2_and_one_line(capsys: pytest.CaptureF
     argv = ["autoscale", "--gateway", "http://gw", "--actuator", "kubernetes", "--deployment", "x"]
     assert main(argv) == 2
     assert "POOL=VALUE" in capsys.readouterr().err
-
-
-def test_config_file_and_interval_override(tmp_path: Path) -> None:
-    path = tmp_path / "autoscaler.yaml"
-    path.write_text("interval_s: 5\npools:\n  decode:\n    max_replicas: 3\n")
-    config = load_autoscaler_config(str(path), interval_s=2.0)
-    assert config.interval_s == 2.0
-    assert config.policy_for("decode").max_replicas == 3
-    with pytest.raises(CommandError, match="max_replicas"):
-        path.write_text("policy:\n  min_replicas: 9\n  max_replicas: 2\n")
-        load_autoscaler_config(str(path), None)
 
 
 def test_gateway_recommender_publishes_desired_replicas() -> None:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 from typing import Any
 
 import pydantic
 import pytest
 
+import kvgate.config as config_package
+from kvgate.config.autoscaler import AutoscalerConfig
+from kvgate.config.base import Frozen
+from kvgate.config.gateway import GatewayConfig
 from kvgate.config.loader import (
     EXAMPLES_DIR,
     ConfigError,
@@ -186,17 +192,34 @@ def test_units_come_from_field_names() -> None:
     assert unit_of("name") is None
 
 
-def test_every_field_is_documented() -> None:
-    from kvgate.config import schema
+def sections() -> list[type[Frozen]]:
+    """Every section class of every module of ``kvgate.config``."""
+    modules = [
+        importlib.import_module(f"kvgate.config.{m.name}")
+        for m in pkgutil.iter_modules(config_package.__path__)
+    ]
+    return [
+        cls
+        for module in modules
+        for cls in vars(module).values()
+        if isinstance(cls, type) and issubclass(cls, Frozen) and cls is not Frozen
+    ]
 
+
+def test_every_field_is_documented() -> None:
+    assert GatewayConfig in sections() and AutoscalerConfig in sections()
     undocumented = [
         f"{model.__name__}.{name}"
-        for model in vars(schema).values()
-        if isinstance(model, type) and issubclass(model, schema.Section) and model is not schema.Section
+        for model in sections()
         for name, field in model.model_fields.items()
         if name != "kind" and not field.description
     ]
     assert undocumented == []
+
+
+def test_every_section_is_frozen_and_strict() -> None:
+    """One base class: no section relaxes it."""
+    assert all(s.model_config == Frozen.model_config for s in sections())
 
 
 def test_kv_capacity_is_optional_and_an_override_when_given() -> None:

@@ -28,9 +28,9 @@ import pytest
 import yaml
 
 from kvgate.cli.autoscale import register
-from kvgate.config.autoscaler import AutoscalerConfig
-from kvgate.config.loader import parse_config
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
+from kvgate.config.loader import parse_as, parse_config
+from kvgate.config.loop import LoopConfig
 
 ROOT = Path(__file__).parents[2]
 DEPLOY = ROOT / "deploy"
@@ -304,21 +304,35 @@ def containers(docs: Iterable[dict[str, Any]]) -> Iterator[tuple[dict[str, Any],
 def gateway_configs(docs: tuple[dict[str, Any], ...]) -> list[GatewayConfig]:
     """The config of every ``kvgate serve`` container, loaded as the pod loads it: the file from
     the ConfigMap mounted at its path, then the container's ``KVGATE_*`` variables."""
-    config_maps = named(docs, "ConfigMap")
     configs = []
     for deployment, container in containers(docs):
         args = container.get("args", [])
         if container["image"] != IMAGE or args[:1] != ["serve"]:
             continue
         path = PurePosixPath(args[args.index("--config") + 1])
-        volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
-        mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == path.parent)
-        data = config_maps[volumes[mount["name"]]["configMap"]["name"]]["data"][path.name]
-        environ = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-        configs.append(
-            parse_config(yaml.safe_load(data), environ, f"{deployment['metadata']['name']}:{path}")
-        )
+        data, environ = mounted(docs, deployment, container, path)
+        configs.append(parse_config(data, environ, f"{deployment['metadata']['name']}:{path}", no_old_key))
     return configs
+
+
+def mounted(
+    docs: tuple[dict[str, Any], ...],
+    deployment: dict[str, Any],
+    container: dict[str, Any],
+    path: PurePosixPath,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The YAML file at ``path`` in ``container`` (from the ConfigMap mounted there) and the
+    container's ``KVGATE_*`` variables."""
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == path.parent)
+    data = named(docs, "ConfigMap")[volumes[mount["name"]]["configMap"]["name"]]["data"][path.name]
+    environ = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    return yaml.safe_load(data), environ
+
+
+def no_old_key(warning: str) -> None:
+    """The shipped manifests speak the current keys."""
+    raise AssertionError(warning)
 
 
 def base_gateway_config() -> dict[str, Any]:
@@ -559,10 +573,8 @@ def test_scalers_follow_the_gateway_policy(overlay: str) -> None:
         assert args.actuator == "kubernetes"
         scaled.update(item.split("=", 1) for item in args.deployment)
         path = PurePosixPath(args.config)
-        volumes = {v["name"]: v for v in loop["spec"]["template"]["spec"]["volumes"]}
-        mount = next(m for m in container["volumeMounts"] if PurePosixPath(m["mountPath"]) == path.parent)
-        data = named(docs, "ConfigMap")[volumes[mount["name"]]["configMap"]["name"]]["data"][path.name]
-        assert AutoscalerConfig.model_validate(yaml.safe_load(data)) == config.autoscaler
+        data, environ = mounted(docs, loop, container, path)
+        assert parse_as(LoopConfig, data, environ, str(path), no_old_key).autoscaler == config.autoscaler
     assert set(scaled) == set(pools)
     for pool, deployment in scaled.items():
         assert deployments[deployment]["spec"]["template"]["metadata"]["labels"]["kvgate.io/pool"] == pool
@@ -658,7 +670,7 @@ socket.getaddrinfo = refuse
 import kvgate.cli
 import kvgate.gateway.edge.server
 from kvgate.admission.counting import tokenizer_for
-from kvgate.config.schema import TiktokenTokenizer
+from kvgate.config.models import TiktokenTokenizer
 print(tokenizer_for(TiktokenTokenizer()).count("kvgate counts tokens"))
 """
 

@@ -9,9 +9,9 @@ what the gateway routes to, so it is authenticated: with an admin token, every c
 Setting a pool's replicas follows ``GatewayState.set_pool_urls``: a new replica is cold (not
 routable until its health check passes) and a dropped one takes no new requests while the ones it
 is serving finish; each URL is checked and stored in the normal form of ``kvgate.config.urls``.
-The observability routes (``OBSERVABILITY_PATHS``) are guarded, when ``server.protect_observability``
+The observability routes (``OBSERVABILITY_PATHS``) are guarded, when ``auth.protect_observability``
 says so, by ``ObservabilityGuard`` in the gateway's dispatcher: the same rule as ``/admin/*``,
-with ``server.observability_token`` accepted besides the admin token.
+with ``auth.observability_token`` accepted besides the admin token.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from kvgate.admission.tenants import bearer_key
-from kvgate.config.schema import Pool
+from kvgate.config.pools import Pool
 from kvgate.config.urls import replica_base_url
 from kvgate.gateway.edge.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized
 from kvgate.gateway.replicas.scrape import scraped_capacity_tokens
@@ -80,7 +80,7 @@ def build_admin_app(
     app = FastAPI(title="kvgate", description="OpenAI-compatible gateway for vLLM fleets", version="0.1.0")
     created_s = int(time.time())
     if admin_token is None:
-        logger.warning("no admin token (server.admin_token): /admin/* accepts loopback clients only")
+        logger.warning("no admin token (auth.admin_token): /admin/* accepts loopback clients only")
 
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, object]:
@@ -129,7 +129,7 @@ def build_admin_app(
             if not _is_loopback(host):
                 raise AdminForbidden(
                     "admin routes accept loopback clients only while no admin token is configured "
-                    "(server.admin_token)"
+                    "(auth.admin_token)"
                 )
             return
         if not _bearer_matches(request.headers.get("authorization", ""), [admin_token]):
@@ -276,7 +276,7 @@ class ObservabilityGuard:
                 return None
             return AdminForbidden(
                 "observability routes accept loopback clients only while no admin or observability "
-                "token is configured (server.admin_token, server.observability_token)"
+                "token is configured (auth.admin_token, auth.observability_token)"
             )
         authorization = next((v.decode("latin-1") for n, v in headers if n == b"authorization"), "")
         if _bearer_matches(authorization, self._tokens):

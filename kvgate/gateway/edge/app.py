@@ -2,8 +2,8 @@
 
 The two completion routes go straight to ``Proxy.handle`` and ``GET /signals`` to the metrics'
 JSON document; every other path goes to FastAPI. The observability routes pass the
-``ObservabilityGuard`` first when ``server.protect_observability`` (unset:
-``admission.auth_enabled``) says so. The dispatcher also owns the lifespan: the completion routes'
+``ObservabilityGuard`` first when ``auth.protect_observability`` (unset:
+``auth.enabled``) says so. The dispatcher also owns the lifespan: the completion routes'
 replica client, the aiohttp session of every other upstream call, the first
 health probe and ``/metrics`` scrape round (so readiness is known before the first request) and
 the background tasks: health probes, vLLM metrics scraping, DNS,
@@ -27,7 +27,7 @@ import orjson
 from kvgate.admission.claims import ReplicaDemand
 from kvgate.admission.coordination_gate import FailMode
 from kvgate.admission.decision import RefusalReason
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.asgi import Message, Receive, Scope, Send
 from kvgate.gateway.coordination.coordinator import RedisCoordinator, fleet_demands
 from kvgate.gateway.edge.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
@@ -70,11 +70,11 @@ class Gateway:
             self.state, self.path.dispatcher, self.path.fleet, routing.scrape_stale_s, routing.warmup_s, clock
         )
         self.metrics.bind(work)
-        server = config.server
-        protect = server.protect_observability
+        auth = config.auth
+        protect = auth.protect_observability
         self._guard: ObservabilityGuard | None = None
-        if protect or (protect is None and config.admission.auth_enabled):
-            tokens = [t.get_secret_value() for t in (server.admin_token, server.observability_token) if t]
+        if protect or (protect is None and auth.enabled):
+            tokens = [t.get_secret_value() for t in (auth.admin_token, auth.observability_token) if t]
             self._guard = ObservabilityGuard(tokens)
         self.coordinator: RedisCoordinator | None = None
         coordination = config.coordination
@@ -99,7 +99,7 @@ class Gateway:
         self.admin = build_admin_app(
             self.state,
             self.metrics.render,
-            admin_token=None if server.admin_token is None else server.admin_token.get_secret_value(),
+            admin_token=None if auth.admin_token is None else auth.admin_token.get_secret_value(),
             unready_reason=self._unready_reason,
             client_allowed=lambda key: self.path.dispatcher.controller.tenants.identify(key) is not None,
         )
@@ -169,7 +169,9 @@ class Gateway:
             else None
         )
         cap_s = self.config.admission.retry_after_cap_s
-        self._proxy = Proxy(self.state, self.path, self._client, server, cap_s, access_log, self.tracing)
+        self._proxy = Proxy(
+            self.state, self.path, self._client, server, self.config.auth, cap_s, access_log, self.tracing
+        )
         discoveries = [
             DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
         ]

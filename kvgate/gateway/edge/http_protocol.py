@@ -56,7 +56,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from kvgate.config.schema import Server
+from kvgate.config.server import Server
 from kvgate.gateway.asgi import ASGIApp
 from kvgate.gateway.edge.edge_limits import EdgeLimits, edge_limits
 from kvgate.gateway.edge.errors import (

@@ -33,7 +33,7 @@ from types import FrameType
 
 import uvicorn
 
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.edge.app import Gateway
 from kvgate.gateway.edge.http_protocol import EdgeProtocol, edge_protocol
 from kvgate.gateway.state import GatewayState

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import socket
 
-from kvgate.config.schema import DnsReplicas
+from kvgate.config.pools import DnsReplicas
 from kvgate.gateway.state import GatewayState
 
 logger = logging.getLogger("kvgate.discovery")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from kvgate.admission.ledger import NO_LOAD
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.state import GatewayState, ReplicaState
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
 from kvgate.routing.health import (

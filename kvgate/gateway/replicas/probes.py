@@ -16,7 +16,7 @@ from typing import Protocol
 
 import aiohttp
 
-from kvgate.config.schema import Health
+from kvgate.config.health import Health
 from kvgate.gateway.replicas.upstream import replica_headers
 from kvgate.gateway.state import GatewayState, ReplicaState
 from kvgate.routing.health import Outcome

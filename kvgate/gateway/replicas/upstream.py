@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from kvgate.config.schema import Server
+from kvgate.config.server import Server
 from kvgate.gateway.state import ReplicaState
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from kvgate.admission.controller import AdmissionController
 from kvgate.admission.itl_guard import ItlGuard
-from kvgate.config.schema import GatewayConfig
+from kvgate.admission.tenants import TenantDirectory
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.replicas.fleet import Fleet
 from kvgate.gateway.request_path.accounting import Accounting
 from kvgate.gateway.request_path.dispatcher import Dispatcher
@@ -42,7 +43,8 @@ class DecisionPath:
         metrics: GatewayMetrics,
         clock: Clock = time.monotonic,
     ) -> DecisionPath:
-        controller = AdmissionController(config.admission, state.ledger)
+        tenants = TenantDirectory(config.admission, config.auth)
+        controller = AdmissionController(config.admission, state.ledger, tenants)
         metrics.bind_promises(lambda: controller.promise_counts)
         guard = controller.itl_guard
         if guard is not None:

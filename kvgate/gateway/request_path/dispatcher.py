@@ -24,7 +24,7 @@ from kvgate.admission.controller import AdmissionController
 from kvgate.admission.decision import Admit, Decision, Dispatch, Queue, Refusal, RefusalReason
 from kvgate.admission.disaggregation import prefill_cost
 from kvgate.admission.pump import AdmissionPump, Placement
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.replicas.fleet import Fleet
 from kvgate.gateway.request_path.leases import Leases
 from kvgate.gateway.state import GatewayState, ProxyRequest, ReplicaState

@@ -4,7 +4,7 @@ Hop-by-hop headers (RFC 9110 section 7.6.1, and any that a ``Connection`` header
 way. The client's ``X-Request-Id`` is echoed and forwarded when it is 1 to 128 visible ASCII
 characters; otherwise the gateway's own id stands in. The client's ``Authorization`` and
 ``Cookie`` reach replicas (``upstream_headers``), and a replica's ``Set-Cookie`` reaches the client
-(``NOT_RELAYED``), only under ``server.forward_client_credentials``; the client's key still
+(``NOT_RELAYED``), only under ``auth.forward_client_credentials``; the client's key still
 identifies its tenant at pricing. The gateway's own ids (``new_request_id``: 128 random bits as 32
 hex digits) are cut from 4 KiB of ``os.urandom`` drawn at a time, one system call per 256 ids; a
 forked child draws its own.
@@ -72,7 +72,7 @@ def upstream_headers(
     forward: list[tuple[bytes, bytes]], x_request_id: str, forward_credentials: bool
 ) -> list[tuple[bytes, bytes]]:
     """What is sent to a replica: the client's forwardable headers, without its ``Authorization``
-    and ``Cookie`` unless ``server.forward_client_credentials``, plus the request id (a pool's
+    and ``Cookie`` unless ``auth.forward_client_credentials``, plus the request id (a pool's
     ``api_key`` is added per attempt, by the relay)."""
     if not forward_credentials:
         forward = [header for header in forward if header[0] not in _CLIENT_CREDENTIALS]

@@ -28,7 +28,7 @@ from kvgate.admission.deadline import client_timeout_s
 from kvgate.admission.decision import AdmissionRequest, Refusal, RefusalReason
 from kvgate.admission.promises import request_key, retry_count
 from kvgate.admission.tenants import Tenant, TenantDirectory, bearer_key
-from kvgate.config.schema import GatewayConfig
+from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.replicas.upstream import replica_headers
 from kvgate.gateway.request_path.forwarding import forwarded_body
 from kvgate.gateway.request_path.prompt import PromptEncoder, PromptTokens

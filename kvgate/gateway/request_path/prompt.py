@@ -40,7 +40,7 @@ import orjson
 from kvgate.admission.counting import prompt_of, template_for, tokenizer_for
 from kvgate.admission.encode_job import EncodeJob
 from kvgate.admission.tokenizer import ChatTemplate, Tokenizer, prompt_text
-from kvgate.config.schema import Model
+from kvgate.config.models import Model
 from kvgate.routing.prefix_hash import BlockHasher, block_hashes
 
 OFF_LOOP_TEXT_BYTES = 32 * 1024

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from kvgate.admission.decision import Refusal
-from kvgate.config.schema import Server
+from kvgate.config.auth import AuthConfig
+from kvgate.config.server import Server
 from kvgate.gateway.asgi import Message, Receive, Scope, Send
 from kvgate.gateway.edge.errors import (
     BadRequest,
@@ -71,6 +72,7 @@ class Proxy:
         path: DecisionPath,
         client: ReplicaClient,
         server: Server,
+        auth: AuthConfig,
         retry_after_cap_s: float,
         access_log: AccessLog | None = None,
         tracing: Tracing | None = None,
@@ -87,7 +89,7 @@ class Proxy:
             path.accounting,
             path.metrics,
             path.clock,
-            server.forward_client_credentials,
+            auth.forward_client_credentials,
             retry_after_cap_s,
             tracing,
         )
@@ -95,7 +97,7 @@ class Proxy:
         self._access_log = access_log
         self._tracing = tracing
         self._max_body_bytes = server.max_body_bytes
-        self._forward_credentials = server.forward_client_credentials
+        self._forward_credentials = auth.forward_client_credentials
         self.stopping = False
         """Set when the drain time is up: a request cancelled then is ended for the client (a 503,
         or an error event and ``[DONE]`` on a stream already started) instead of being cut."""

@@ -30,7 +30,7 @@ from typing import Any
 import orjson
 import structlog
 
-from kvgate.config.schema import AccessLog as AccessLogConfig
+from kvgate.config.observability import AccessLog as AccessLogConfig
 from kvgate.gateway.edge.errors import (
     BadGateway,
     GatewayError,

@@ -29,7 +29,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-from kvgate.config.schema import Tracing as TracingConfig
+from kvgate.config.observability import Tracing as TracingConfig
 from kvgate.gateway.state import ProxyRequest, ReplicaState, retries
 from kvgate.gateway.telemetry.access_log import outcome
 
