@@ -11,7 +11,7 @@ import logging
 import resource
 from dataclasses import dataclass
 
-from kvgate.config.schema import Server
+from kvgate.config.server import Server
 
 logger = logging.getLogger("kvgate.edge")
 
