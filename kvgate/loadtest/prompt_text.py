@@ -39,7 +39,7 @@ _WORD_TEXT = (
     "community true court force full seem am policy voice plan early minutes river market report model "
     "signal token cache replica queue budget latency window memory batch engine request stream"
 )
-_WORDS = tuple(_WORD_TEXT.split())
+WORDS = tuple(_WORD_TEXT.split())
 
 _HEAD_WORDS = 6
 
@@ -72,7 +72,7 @@ class PromptFactory:
         if length_tokens <= 0:
             return ""
         rng = random.Random(key)
-        head = " ".join(rng.choice(_WORDS) for _ in range(_HEAD_WORDS)).capitalize() + ":"
+        head = " ".join(rng.choice(WORDS) for _ in range(_HEAD_WORDS)).capitalize() + ":"
         corpus = self._corpus_tokens
         cursor = rng.randrange(len(corpus))
         tokens = self._tokenizer.encode(head)[:length_tokens]
@@ -112,7 +112,7 @@ def _sentences(rng: random.Random, words: int) -> str:
     parts: list[str] = []
     while words > 0:
         length = rng.randint(6, 18)
-        sentence = " ".join(rng.choice(_WORDS) for _ in range(length))
+        sentence = " ".join(rng.choice(WORDS) for _ in range(length))
         parts.append(sentence.capitalize() + ".")
         words -= length
     return " ".join(parts)

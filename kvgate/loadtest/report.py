@@ -29,8 +29,20 @@ PLOT_DPI = 80
 
 @dataclass(frozen=True, slots=True)
 class Slo:
+    """What a request must meet to count as goodput: time to first token and mean inter-token gap.
+
+    ``ttft_per_prompt_token_s`` grows the TTFT objective with the prompt (1 s + prompt / 16k tok/s is
+    ``Slo(1.0, 0.05, 1 / 16000)``): a 100k-token document cannot be read in the time a chat is."""
+
     ttft_s: float
     itl_s: float
+    ttft_per_prompt_token_s: float = 0.0
+
+    def ttft_budget_s(self, prompt_tokens: int) -> float:
+        return self.ttft_s + self.ttft_per_prompt_token_s * prompt_tokens
+
+    def met_by(self, record: RequestRecord) -> bool:
+        return record.meets_slo(self.ttft_budget_s(record.prompt_tokens), self.itl_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +115,7 @@ def summarize(result: RunResult, slo: Slo) -> Summary:
     itl = [gap for r in ok for gap in r.itl_s]
     e2e = [r.e2e_s for r in ok]
     lags = [lag for r in records if (lag := r.lag_s) is not None]
-    good = sum(1 for r in records if r.meets_slo(slo.ttft_s, slo.itl_s))
+    good = sum(1 for r in records if slo.met_by(r))
     rejects = sum(1 for r in records if r.rejected)
     wall_s = max(result.wall_s, 1e-9)
     lag_p99_s = percentile(lags, 0.99)
@@ -197,8 +209,10 @@ def write_report(
     *,
     ratios: Mapping[str, Mapping[str, float | None]] | None = None,
     baseline: str | None = None,
+    notes: Sequence[str] = (),
 ) -> list[Path]:
-    """Write ``report.md``, ``results.json`` and the plots; return the paths written."""
+    """Write ``report.md``, ``results.json`` and the plots; return the paths written. ``notes`` are
+    lines for the header (a replay's reuse ceiling, say)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summaries = [summarize(result, slo) for result in results]
     plots = write_plots(out_dir, results, slo)
@@ -217,8 +231,13 @@ def write_report(
             else f"open loop ({workload.process}, CV {workload.cv:g}) at {workload.rate_rps:g} req/s"
         )
         + f" for {workload.duration_s:g} s",
-        f"- classes: {'; '.join(_describe_class(c) for c in workload.classes)}",
-        f"- SLOs: TTFT <= {slo.ttft_s:g} s and mean ITL <= {slo.itl_s:g} s",
+        *(
+            [f"- classes: {'; '.join(_describe_class(c) for c in workload.classes)}"]
+            if workload.classes
+            else []
+        ),
+        f"- SLOs: TTFT <= {_describe_ttft(slo)} and mean ITL <= {slo.itl_s:g} s",
+        *(f"- {note}" for note in notes),
         "",
         "## Summary",
         "",
@@ -268,6 +287,12 @@ def _describe_class(klass: Any) -> str:
     return text
 
 
+def _describe_ttft(slo: Slo) -> str:
+    if not slo.ttft_per_prompt_token_s:
+        return f"{slo.ttft_s:g} s"
+    return f"{slo.ttft_s:g} s + prompt / {1 / slo.ttft_per_prompt_token_s:,.0f} tokens/s"
+
+
 def class_table(results: Sequence[RunResult], slo: Slo) -> str:
     """Per target and request class: count, goodput share, TTFT p50/p95 and ITL p95."""
     lines = [
@@ -279,7 +304,7 @@ def class_table(results: Sequence[RunResult], slo: Slo) -> str:
         for name in names:
             records = [r for r in result.records if r.class_name == name]
             ok = [r for r in records if r.ok]
-            good = sum(1 for r in records if r.meets_slo(slo.ttft_s, slo.itl_s))
+            good = sum(1 for r in records if slo.met_by(r))
             ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
             itl = [gap for r in ok for gap in r.itl_s]
             lines.append(
@@ -341,7 +366,7 @@ def timeline(records: Sequence[RequestRecord], slo: Slo, bucket_s: float = 1.0) 
     for r in records:
         sent[int(r.sent_at_s // bucket_s)] += 1 / bucket_s
         done = int((r.sent_at_s + r.e2e_s) // bucket_s)
-        if r.meets_slo(slo.ttft_s, slo.itl_s):
+        if slo.met_by(r):
             good[done] += 1 / bucket_s
         if r.rejected:
             rejects[done] += 1 / bucket_s

@@ -68,3 +68,33 @@ def test_loadtest_command_writes_the_report(
 
     args.fail_below_goodput = 1.01
     assert args.run(args) == 2
+
+
+def test_a_mooncake_trace_replays_with_its_lengths_and_states_its_reuse_ceiling(
+    sim_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 200, "input_length": 1100, "output_length": 3, "hash_ids": [1, 2, 3]},
+        {"timestamp": 400, "input_length": 300, "output_length": 4, "hash_ids": [9]},
+        {"timestamp": 9000, "input_length": 600, "output_length": 2, "hash_ids": [1, 4]},
+    ]
+    trace = tmp_path / "replay.jsonl"
+    trace.write_bytes(b"\n".join(orjson.dumps(row) for row in rows))
+    parser = argparse.ArgumentParser(prog="kvgate")
+    register(parser.add_subparsers(dest="command"))
+    out = tmp_path / "report"
+    argv = ["loadtest", "--target", sim_url, "--trace", str(trace), "--window-s", "5", "--speed", "4"]
+    argv += ["--cache-tokens", "100000", "--slo-ttft-prompt-tokens-per-s", "16000", "--out", str(out)]
+    args = parser.parse_args(argv)
+    assert args.run(args) == 0
+    stdout = capsys.readouterr().out
+    # the second finds the first's block 1 (block 2 is 188 tokens there, 512 here): 512 of 2,100 tokens
+    assert "reuse ceiling: 0.244" in stdout
+    saved = orjson.loads((out / "results.json").read_bytes())
+    summary = saved["summaries"][0]
+    assert summary["requests"] == 3, "the request 9 s in is outside the 5 s window"
+    assert summary["prompt_tokens"] == 700 + 1100 + 300
+    assert summary["completion_tokens"] == 5 + 3 + 4
+    report = (out / "report.md").read_text()
+    assert "reuse ceiling" in report and "1 s + prompt / 16,000 tokens/s" in report
