@@ -67,10 +67,16 @@ class Reservation:
     lease_expires_at_s: float
     first_token_seen: bool = False
     produced_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    """Prompt tokens the replica's prefix cache was expected to serve when the request was routed."""
 
     @property
     def pending_prompt_tokens(self) -> int:
         return 0 if self.first_token_seen else self.cost.prompt_tokens
+
+    @property
+    def pending_uncached_tokens(self) -> int:
+        return 0 if self.first_token_seen else self.cost.prompt_tokens - self.cached_prompt_tokens
 
     @property
     def remaining_decode_tokens(self) -> int:
@@ -89,9 +95,12 @@ class Ledger(Protocol):
         cost: CostEstimate,
         now_s: float,
         block_hashes: Sequence[int] = (),
+        cached_prompt_tokens: int = 0,
     ) -> bool:
         """Hold ``cost`` on ``replica_id``, its prompt blocks ``block_hashes`` shared with the other
-        reservations there; False (nothing changes) if ``request_id`` already holds one."""
+        reservations there, ``cached_prompt_tokens`` of its prompt expected from the replica's prefix
+        cache (pending prefill work only counts the rest); False (nothing changes) if ``request_id``
+        already holds one."""
         ...
 
     def shared_tokens(self, replica_id: str, block_hashes: Sequence[int], prompt_tokens: int) -> int: ...
@@ -161,10 +170,14 @@ class InMemoryLedger:
         cost: CostEstimate,
         now_s: float,
         block_hashes: Sequence[int] = (),
+        cached_prompt_tokens: int = 0,
     ) -> bool:
         if request_id in self._held:
             return False
-        held = Reservation(request_id, replica_id, cost, now_s, now_s + self.lease_s)
+        cached = min(max(0, cached_prompt_tokens), cost.prompt_tokens)
+        held = Reservation(
+            request_id, replica_id, cost, now_s, now_s + self.lease_s, cached_prompt_tokens=cached
+        )
         self._put(held)
         kv_tokens = self.kv_block_tokens(cost)
         if block_hashes:
@@ -178,7 +191,14 @@ class InMemoryLedger:
                 kv_tokens -= shared * self.block_tokens
             if shared < len(block_hashes):
                 self._prompts[request_id] = block_hashes
-        self._shift(replica_id, cost.prompt_tokens, cost.sequences, cost.max_output_tokens, kv_tokens)
+        self._shift(
+            replica_id,
+            cost.prompt_tokens,
+            cost.sequences,
+            cost.max_output_tokens,
+            kv_tokens,
+            held.pending_uncached_tokens,
+        )
         self._push_lease(held)
         return True
 
@@ -205,7 +225,7 @@ class InMemoryLedger:
         if held is None or held.first_token_seen:
             return False
         self._put(_decoding(held, held.produced_tokens))
-        self._shift(held.replica_id, -held.cost.prompt_tokens, 0, 0, 0)
+        self._shift(held.replica_id, -held.cost.prompt_tokens, 0, 0, 0, -held.pending_uncached_tokens)
         self._share_computed(held)
         return True
 
@@ -223,6 +243,7 @@ class InMemoryLedger:
             0,
             held.produced_tokens - total,
             0,
+            -held.pending_uncached_tokens,
         )
         if not held.first_token_seen:
             self._share_computed(held)
@@ -302,6 +323,7 @@ class InMemoryLedger:
             -held.cost.sequences,
             -held.remaining_decode_tokens,
             -kv_tokens,
+            -held.pending_uncached_tokens,
         )
         return True
 
@@ -363,7 +385,13 @@ class InMemoryLedger:
         on_replica[held.request_id] = held
 
     def _shift(
-        self, replica_id: str, prefill_tokens: int, sequences: int, decode_tokens: int, kv_tokens: int
+        self,
+        replica_id: str,
+        prefill_tokens: int,
+        sequences: int,
+        decode_tokens: int,
+        kv_tokens: int,
+        uncached_tokens: int,
     ) -> None:
         """Move ``replica_id``'s sums by the given deltas: one ``ReplicaLoad`` per change, and a
         replica whose sums are all zero has no entry (so ``load`` hands out the shared empty one)."""
@@ -373,6 +401,7 @@ class InMemoryLedger:
             old.resident_sequences + sequences,
             old.remaining_decode_tokens + decode_tokens,
             old.reserved_kv_tokens + kv_tokens,
+            old.pending_uncached_tokens + uncached_tokens,
         )
         if (
             load.resident_sequences == 0
@@ -396,6 +425,7 @@ def _sum(a: ReplicaLoad, b: ReplicaLoad, sign: int) -> ReplicaLoad:
         resident_sequences=a.resident_sequences + sign * b.resident_sequences,
         remaining_decode_tokens=a.remaining_decode_tokens + sign * b.remaining_decode_tokens,
         reserved_kv_tokens=a.reserved_kv_tokens + sign * b.reserved_kv_tokens,
+        pending_uncached_tokens=a.pending_uncached_tokens + sign * b.pending_uncached_tokens,
     )
 
 
@@ -410,4 +440,5 @@ def _decoding(held: Reservation, produced_tokens: int) -> Reservation:
         held.lease_expires_at_s,
         True,
         produced_tokens,
+        held.cached_prompt_tokens,
     )

@@ -13,14 +13,21 @@ from collections.abc import Sequence
 from itertools import chain, islice
 
 BLOCK_SIZE_TOKENS = 16
-_ROOT_HASH = 0x6B76_6761_7465  # any fixed value: the parent of block 0
+ROOT_HASH = 0x6B76_6761_7465
+"""The parent of block 0: any fixed value."""
+
+
+def chained(parent: int | None, block: tuple[int, ...]) -> int:
+    """One block's hash from its parent's (None for a prompt's first block) and its own tokens: what
+    ``block_hashes`` computes for each block, for hashes learnt a block at a time."""
+    return hash((ROOT_HASH if parent is None else parent, block))
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int = BLOCK_SIZE_TOKENS) -> list[int]:
     """The blocks come as tuples from ``zip`` over one iterator: three times faster than slicing,
     which matters for a long prompt (a quarter of a million ids: 3 ms instead of 8)."""
     hashes: list[int] = []
-    parent = _ROOT_HASH
+    parent = ROOT_HASH
     for block in zip(*[iter(token_ids)] * block_size, strict=False):
         parent = hash((parent, block))
         hashes.append(parent)
@@ -41,7 +48,7 @@ class BlockHasher:
         blocks = (len(self._pending) + len(token_ids)) // size
         ids = chain(self._pending, token_ids)
         hashes = self.hashes
-        parent = hashes[-1] if hashes else _ROOT_HASH
+        parent = hashes[-1] if hashes else ROOT_HASH
         for block in islice(zip(*[ids] * size, strict=False), blocks):
             parent = hash((parent, block))
             hashes.append(parent)

@@ -48,6 +48,9 @@ class ReplicaLoad:
     reserved_kv_tokens: int = 0
     """Sum over resident sequences of ``prompt_tokens + max_output_tokens`` in whole KV blocks, less
     the shared prompt blocks counted once: the worst-case KV (``kvgate.admission.ledger``)."""
+    pending_uncached_tokens: int = 0
+    """Of ``pending_prompt_tokens``, those the replica's prefix cache was not expected to serve when
+    each request was routed: the prefill work it has yet to do, which is what delays a first token."""
 
     @property
     def outstanding_tokens(self) -> int:

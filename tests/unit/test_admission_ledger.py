@@ -206,7 +206,7 @@ def test_lifecycle_moves_prefill_to_decode_and_back_to_zero() -> None:
     ledger = InMemoryLedger()
     assert ledger.reserve("a", "r0", cost(100, 50), now_s=0.0)
     # 150 tokens of KV take 10 whole 16-token blocks.
-    assert ledger.load("r0") == ReplicaLoad(100, 1, 50, 160)
+    assert ledger.load("r0") == ReplicaLoad(100, 1, 50, 160, 100)
     assert ledger.first_token("a")
     assert ledger.load("r0") == ReplicaLoad(0, 1, 50, 160)
     assert ledger.produced("a", 20)
@@ -215,20 +215,32 @@ def test_lifecycle_moves_prefill_to_decode_and_back_to_zero() -> None:
     assert ledger.load("r0") == ReplicaLoad() == ledger.totals()
 
 
+def test_pending_prefill_work_counts_only_what_the_cache_was_not_expected_to_serve() -> None:
+    ledger = InMemoryLedger()
+    assert ledger.reserve("a", "r0", cost(1000, 10), 0.0, cached_prompt_tokens=700)
+    assert ledger.reserve("b", "r0", cost(200, 10), 0.0, cached_prompt_tokens=5000)
+    load = ledger.load("r0")
+    assert (load.pending_prompt_tokens, load.pending_uncached_tokens) == (1200, 300)
+    assert ledger.produced("a", 1)
+    assert ledger.load("r0").pending_uncached_tokens == 0, "b's cached tokens are capped at its prompt"
+    assert ledger.release("a") and ledger.release("b")
+    assert ledger.totals() == ReplicaLoad()
+
+
 def test_release_is_idempotent() -> None:
     ledger = InMemoryLedger()
     ledger.reserve("a", "r0", cost(10, 10), 0.0)
     ledger.reserve("b", "r0", cost(5, 5), 0.0)
     assert ledger.release("a") is True
     assert ledger.release("a") is False
-    assert ledger.totals() == ReplicaLoad(5, 1, 5, 16)
+    assert ledger.totals() == ReplicaLoad(5, 1, 5, 16, 5)
 
 
 def test_duplicate_reserve_changes_nothing() -> None:
     ledger = InMemoryLedger()
     assert ledger.reserve("a", "r0", cost(10, 10), 0.0)
     assert not ledger.reserve("a", "r1", cost(99, 99), 0.0)
-    assert ledger.totals() == ReplicaLoad(10, 1, 10, 32)
+    assert ledger.totals() == ReplicaLoad(10, 1, 10, 32, 10)
 
 
 def test_produced_is_a_running_total_clamped_to_the_cap() -> None:
@@ -261,7 +273,12 @@ def test_replica_death_releases_only_its_reservations() -> None:
     ledger.reserve("b", "r1", cost(3, 4), 0.0)
     assert [r.request_id for r in ledger.release_replica("r0")] == ["a"]
     assert ledger.release_replica("r0") == []
-    assert ledger.totals() == ledger.load("r1") == ReplicaLoad(3, 1, 4, 16)
+    assert ledger.totals() == ledger.load("r1") == ReplicaLoad(3, 1, 4, 16, 3)
+
+
+def cached(prompt_tokens: int) -> int:
+    """The prompt tokens the machine's reservations expect from the prefix cache: a third."""
+    return prompt_tokens // 3
 
 
 class LedgerMachine(RuleBasedStateMachine):
@@ -299,7 +316,9 @@ class LedgerMachine(RuleBasedStateMachine):
         """Prompts of one family share their leading blocks (chained hashes), as chats over one
         system prompt do; ``block_share`` of the prompt's full blocks are named."""
         blocks = tuple(1000 * family + i for i in range(int(block_share * (prompt // 16))))
-        took = self.ledger.reserve(request_id, replica_id, cost(prompt, max_output), self.now_s, blocks)
+        took = self.ledger.reserve(
+            request_id, replica_id, cost(prompt, max_output), self.now_s, blocks, cached(prompt)
+        )
         assert took == (request_id not in self.held)
         if took:
             self.held[request_id] = (replica_id, prompt, max_output, False, 0, blocks)
@@ -408,6 +427,7 @@ class LedgerMachine(RuleBasedStateMachine):
                 reserved_kv_tokens=16 * len(pool)
                 + 16 * len(self.orphans[replica_id])
                 + sum(-(-(h[1] + h[2]) // 16) * 16 - 16 * len(self.holds[r]) for r, h in mine.items()),
+                pending_uncached_tokens=sum(h[1] - cached(h[1]) for h in mine.values() if not h[3]),
             )
             assert len(self.ledger.resident(replica_id)) == len(mine)
             for family in range(3):

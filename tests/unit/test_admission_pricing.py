@@ -210,7 +210,7 @@ def test_the_ledger_holds_every_sequence_and_all_their_output() -> None:
     cost = CostEstimate("m", 100, 4 * 50, 1, sequences=4)
     assert ledger.reserve("a", "r0", cost, 0.0)
     # 300 tokens of KV in whole 16-token blocks.
-    assert ledger.load("r0") == ReplicaLoad(100, 4, 200, 304)
+    assert ledger.load("r0") == ReplicaLoad(100, 4, 200, 304, 100)
     assert ledger.produced("a", 120)
     assert ledger.load("r0") == ReplicaLoad(0, 4, 80, 304)
     assert ledger.release("a")

@@ -114,6 +114,7 @@ class Fleet:
                         own.resident_sequences + other.resident_sequences,
                         own.remaining_decode_tokens + other.remaining_decode_tokens,
                         own.reserved_kv_tokens + other.reserved_kv_tokens,
+                        own.pending_uncached_tokens + other.pending_uncached_tokens,
                     )
                     self._summed[replica_id] = (own, other, load)
             health = states.get(replica_id, STARTING)
