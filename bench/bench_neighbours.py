@@ -302,7 +302,7 @@ async def _stalls(variant: str, prompts: int) -> list[float]:
 
     window = FITS_WINDOW_TOKENS if variant == "fits" else WINDOW_TOKENS
     model = Model.model_validate({"name": MODEL, "max_model_len": window, "kv_bytes_per_token": 131072})
-    encoder = PromptEncoder([model])
+    encoder = PromptEncoder([model], 16)
     raw = orjson.dumps({"model": MODEL, "messages": [{"role": "user", "content": make_prompt(1_000_000)}]})
     lags_s: list[float] = []
     stop = asyncio.Event()

@@ -59,6 +59,15 @@ class Pool(Frozen):
             "report). Default 256. Example: 128"
         ),
     )
+    kv_events: Literal["auto", "off"] = Field(
+        default="auto",
+        description=(
+            "Follow each replica's KV cache events (vLLM's --kv-events-config, ZMQ): 'auto' asks "
+            "each replica's GET /kv_event_sources where it publishes and subscribes, so routing reads "
+            "what its prefix cache holds, evictions included; a replica that publishes nothing is "
+            "routed on what kvgate sent it. 'off' never subscribes. Default auto. Example: off"
+        ),
+    )
     api_key: SecretStr | None = Field(
         default=None,
         min_length=1,

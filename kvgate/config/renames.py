@@ -1,4 +1,5 @@
-"""Keys that moved to another section, still read at their old place for one release.
+"""Keys that moved to another section, still read at their old place for one release, and keys
+that no longer mean anything, still accepted (with a warning) for one release.
 
 The auth settings moved to the ``auth`` section (``kvgate.config.auth`` says why). A config that
 still gives one at its old place loads as if it gave it at the new one, and the loader warns once
@@ -25,6 +26,16 @@ MOVED: tuple[tuple[str, str], ...] = (
     ("admission.auth_enabled", "auth.enabled"),
 )
 """Old key, new key: each a section and a key of it."""
+
+RETIRED: tuple[tuple[str, str], ...] = (
+    ("routing.scorer_weights", "the kvgate policy places by prefill work, not by weighted scores"),
+    ("routing.bounded_load_factor", "a replica's cache keeps a request within routing.ttft_tolerance_s"),
+    ("routing.holder_load_factor", "a replica's cache keeps a request within routing.ttft_tolerance_s"),
+    ("routing.prefix_home_key_tokens", "a prefix every replica holds no longer decides placement"),
+    ("routing.prefix_home_full_tokens", "a cached prefix counts for the prefill tokens it saves"),
+    ("routing.scan_prompt_tokens", "a long prompt goes where the prefill work left is least"),
+)
+"""Key, and why it is gone: dropped with a warning, so an old config still starts."""
 
 TENANT_KEYS: tuple[str, ...] = ("api_keys", "api_keys_file")
 """Keys of an ``admission.tenants`` entry that moved to the ``auth.tenants`` entry of its name."""
@@ -64,6 +75,12 @@ def move_old_keys(document: dict[str, Any]) -> Renamed:
                 f"{old} is read for one more release: move it to {new} "
                 f"(in the environment {variable(old)} becomes {variable(new)})"
             )
+    for key, why in RETIRED:
+        section_name, name = key.split(".")
+        section = document.get(section_name)
+        if isinstance(section, dict) and name in section:
+            del section[name]
+            found.warnings.append(f"{key} is no longer used ({why}): remove it")
     moved_by_key = _move_tenant_keys(document, found.clashes)
     for key, tenants in moved_by_key.items():
         found.warnings.append(

@@ -1,22 +1,17 @@
-"""The routing section: which policy picks a replica, how its scorers weigh, and how replicas are
-ramped, ejected and retried.
+"""The routing section: which policy picks a replica, how the kvgate policy weighs a replica's cache
+against its backlog, and how replicas are ramped, ejected and retried.
 
-Frozen and strict like every section: an unknown key, an unknown policy or an unknown scorer name
-fails at start-up and the message lists the names that are known. Scorer names live here, not in
-``routing/``, because configuration may import nothing but pydantic; ``kvgate.routing.scorers`` keys its
-registry by exactly these names and a unit test keeps the two in step.
+Frozen and strict like every section: an unknown key or an unknown policy fails at start-up and the
+message lists the names that are known.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from kvgate.config.base import Frozen
-
-SCORER_NAMES: tuple[str, ...] = ("outstanding_tokens", "sequence_slots", "prefix_locality")
-"""Every scorer a ``scorer_weights`` key may name."""
 
 PolicyName = Literal["kvgate", "round_robin", "least_request"]
 
@@ -25,96 +20,87 @@ class RoutingConfig(Frozen):
     policy: PolicyName = Field(
         default="kvgate",
         description=(
-            "How a replica is picked: 'kvgate' (filters, then the weighted scorers, then a seeded "
-            "tie-break), 'round_robin' or 'least_request' (fewest resident sequences). "
-            "Default kvgate. Example: round_robin"
+            "How a replica is picked: 'kvgate' (filters, then where the prefill work left for the "
+            "request is least, keeping it with the replica caching its prefix within ttft_tolerance_s), "
+            "'round_robin' or 'least_request' (fewest resident sequences). Default kvgate. "
+            "Example: round_robin"
         ),
     )
-    scorer_weights: dict[str, float] = Field(
-        default_factory=lambda: {"outstanding_tokens": 1.0, "sequence_slots": 1.0, "prefix_locality": 1.0},
-        description=(
-            "Weight of each scorer in the kvgate policy's sum, by name; each scorer gives [0, 1]; a "
-            "scorer left out has weight 0. Known names: outstanding_tokens (free KV share), "
-            "sequence_slots (free batch-slot share), prefix_locality. Default {outstanding_tokens: 1, "
-            "sequence_slots: 1, prefix_locality: 1}. Example: {outstanding_tokens: 2}"
-        ),
-    )
-    bounded_load_factor: float = Field(
-        default=1.25,
-        gt=1.0,
-        description=(
-            "Prefix affinity is ignored for a replica whose load exceeds this multiple of the "
-            "candidates' mean load counting the request (ratio). Default 1.25. Example: 1.5"
-        ),
-    )
-    holder_load_factor: float = Field(
-        default=2.0,
-        gt=1.0,
-        description=(
-            "Like bounded_load_factor, for a replica already caching the request's prefix (at least "
-            "prefix_home_key_tokens of it): its affinity holds up to this multiple of the mean load, "
-            "since sending the request elsewhere prefills and caches the prefix a second time; a "
-            "value below bounded_load_factor counts as bounded_load_factor. Default 2. Example: 1.5"
-        ),
-    )
-    prefix_home_key_tokens: int = Field(
-        default=256,
-        ge=0,
-        description=(
-            "Leading prompt tokens (whole 16-token blocks) whose hash gives a prefix its home "
-            "replicas, so that prompts agreeing on them share a home; shorter prompts have no home "
-            "and are placed by load; 0 disables homes. Long enough to tell system prompts apart past "
-            "a common chat-template header. Default 256. Example: 512"
-        ),
-    )
-    prefix_home_full_tokens: int = Field(
-        default=2_048,
+    block_size_tokens: int = Field(
+        default=16,
         gt=0,
         description=(
-            "Prefill tokens a prefix-cache hit must save for a prefix's home to score the full "
-            "prefix_locality 1 even before it holds the prefix; a shorter shared prefix scores in "
-            "proportion, so it weighs less against load. Default 2048. Example: 1024"
+            "Tokens per KV block on the replicas (vLLM's --block-size: 16 on GPUs by default, 128 on "
+            "its CPU build): prompts are hashed in blocks of this size to match the replicas' prefix "
+            "caches, and reservations are counted in whole blocks. Default 16. Example: 32"
         ),
     )
-    scan_prompt_tokens: int = Field(
-        default=0,
+    ttft_tolerance_s: float = Field(
+        default=0.5,
         ge=0,
         description=(
-            "A prompt at least this long of which no replica is known to hold even the first "
-            "prefix_home_key_tokens is taken as read once (a document): it goes to the replica "
-            "within the load limit already taking the most such prompts' KV blocks, and prefixes "
-            "not yet cached anywhere within the limit get their home elsewhere, so the other "
-            "replicas' prefix caches turn over more slowly, at the cost of the documents' TTFT tail "
-            "(they queue behind each other on fewer replicas); 0 disables. Default 0. Example: 4096"
+            "How much longer a request may wait for its first token on the replica caching its prefix "
+            "than on the least busy one: it stays there while that replica's backlog of uncached "
+            "prompt tokens exceeds the least backlog by at most the measured prefill rate times this, "
+            "and goes where the prefill work left is least past it (s). Default 0.5. Example: 1"
+        ),
+    )
+    affinity_min_tokens: int = Field(
+        default=512,
+        ge=0,
+        description=(
+            "Prompt tokens a replica's cache must hold beyond what the other candidates hold for it to "
+            "keep the request within ttft_tolerance_s (and for a request to wait for it while it is "
+            "full): a prefix every replica holds, or a few blocks more, decides nothing. "
+            "Default 512. Example: 2048"
+        ),
+    )
+    host_tier_bytes_per_s: float = Field(
+        default=25e9,
+        gt=0,
+        description=(
+            "Rate at which a replica loads KV from its host-memory tier (vLLM's KV offloading), over "
+            "PCIe: a prefix found there counts for the share of its prefill it saves, its computing "
+            "time less its KV bytes over this rate (bytes/s). Default 25e9. Example: 50e9"
+        ),
+    )
+    speculation_s: float = Field(
+        default=10.0,
+        ge=0,
+        description=(
+            "For a replica publishing KV events, how long a request's prompt blocks count as cached "
+            "there after it was routed, before the replica's own events confirm them: keeps a burst "
+            "of requests sharing a new prefix together (s). Default 10. Example: 5"
         ),
     )
     prefix_index_capacity_blocks: int = Field(
         default=16_384,
         gt=0,
         description=(
-            "Most prompt blocks (16 tokens each) remembered per replica in the prefix index (and "
-            "never more than twice the replica's KV cache); the least recently routed are "
-            "forgotten first. Default 16384. Example: 32768"
+            "Most prompt blocks remembered per replica in the prefix index of what kvgate routed "
+            "there (used for replicas that publish no KV events; never more than twice the "
+            "replica's KV cache); the least recently routed are forgotten first. Default 16384. "
+            "Example: 32768"
         ),
     )
     prefix_hold_s: float = Field(
         default=1.0,
         ge=0,
         description=(
-            "Longest a request is kept waiting (queued at the gateway) for a replica that holds its "
-            "prompt's prefix (at least prefix_home_key_tokens of it) to have room, instead of being "
-            "placed on another with room, where it would prefill the prefix again and cache it "
-            "twice; for a request already queued at most half of its wait budget, never for one "
-            "holding a Retry-After promise; 0 disables. Default 1. Example: 0.5"
+            "Longest a request is kept waiting (queued at the gateway) for a replica caching its "
+            "prompt's prefix (affinity_min_tokens more than the replicas with room) to have room, "
+            "instead of being placed where it would prefill the prefix again and cache it twice; for "
+            "a request already queued at most half of its wait budget, never for one holding a "
+            "Retry-After promise; 0 disables. Default 1. Example: 0.5"
         ),
     )
     sample_size: int = Field(
         default=16,
         ge=0,
         description=(
-            "With more candidates than this, the kvgate policy scores a seeded sample of this many "
+            "With more candidates than this, the kvgate policy measures a seeded sample of this many "
             "plus the replicas holding the request's longest known prefix (power-of-d choices); 0 "
-            "scores every candidate. Default 16. Example: 32"
+            "measures every candidate. Default 16. Example: 32"
         ),
     )
     scrape_stale_s: float = Field(
@@ -220,22 +206,8 @@ class RoutingConfig(Frozen):
         description="Seed of the routing random source (tie-breaks, ramp, sampling). Default 0. Example: 42",
     )
 
-    @field_validator("scorer_weights")
-    @classmethod
-    def _known_scorers(cls, weights: dict[str, float]) -> dict[str, float]:
-        errors = [f"unknown scorer {name!r}" for name in weights if name not in SCORER_NAMES]
-        errors += [f"scorer {name!r} weight {w} must be >= 0" for name, w in weights.items() if w < 0]
-        if errors:
-            raise ValueError("; ".join(errors) + f" (known scorers: {', '.join(SCORER_NAMES)})")
-        return weights
-
     @model_validator(mode="after")
     def _consistent(self) -> RoutingConfig:
-        if self.policy == "kvgate" and not any(w > 0 for w in self.scorer_weights.values()):
-            raise ValueError(
-                f"scorer_weights {self.scorer_weights} give the kvgate policy nothing to score: "
-                f"give at least one of {', '.join(SCORER_NAMES)} a weight > 0"
-            )
         if self.ejection_backoff_max_s < self.ejection_backoff_base_s:
             raise ValueError(
                 f"ejection_backoff_max_s ({self.ejection_backoff_max_s} s) must be >= "

@@ -17,7 +17,6 @@ from kvgate.admission.ledger import InMemoryLedger
 from kvgate.config.gateway import GatewayConfig
 from kvgate.config.models import Model
 from kvgate.config.pools import Pool
-from kvgate.routing.prefix_hash import BLOCK_SIZE_TOKENS
 from kvgate.routing.request import RoutingRequest
 from kvgate.vocabulary.replica import Role, ScrapedMetrics
 
@@ -173,7 +172,7 @@ class GatewayState:
         state = cls(
             models={m.name: m for m in config.models},
             pools={p.name: p for p in config.pools},
-            ledger=InMemoryLedger(config.admission.reservation_lease_s, BLOCK_SIZE_TOKENS),
+            ledger=InMemoryLedger(config.admission.reservation_lease_s, config.routing.block_size_tokens),
         )
         for pool in config.pools:
             state.set_pool_urls(pool.name, pool.replicas)

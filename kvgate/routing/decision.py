@@ -1,7 +1,7 @@
 """What a routing decision returns: the replica (or none), why, and how every candidate scored.
 
 The ``reason`` is a short stable label the edge counts in metrics (the decision itself records
-nothing): ``prefix_affinity`` or ``least_load`` from the kvgate policy, ``round_robin`` or
+nothing): ``prefix_affinity`` or ``least_work`` from the kvgate policy, ``round_robin`` or
 ``least_request`` from the baselines, and when no replica can take the request the binding filter
 (``no_model``, ``unhealthy``, ``not_ready``, ``backoff``, ``no_kv_room``, ``excluded``) or
 ``no_replica`` for an empty fleet. Candidate scores are kept as columns (one sequence per measure,
@@ -11,7 +11,7 @@ per-candidate records only when read, so explaining a decision costs nothing on 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from kvgate.vocabulary.value import frozen_value
@@ -20,24 +20,24 @@ from kvgate.vocabulary.value import frozen_value
 @dataclass(frozen=True, slots=True)
 class CandidateScore:
     replica_id: str
-    total: float
-    parts: Mapping[str, float]
-    """Unweighted score of each scorer with a non-zero weight, each in [0, 1]."""
+    work_tokens: float
+    """Its backlog plus the request's prompt tokens its cache does not serve (``placement``)."""
+    cached_tokens: float
+    backlog_tokens: int
     load_ratio: float
-    """Token share plus slot share (``kvgate/routing/load.py``): the load the bounded-load limit compares."""
-    matched_blocks: int
+    """Token share plus slot share (``kvgate/routing/load.py``): the tie-break between equal work."""
 
 
 @frozen_value
 class ScoreColumns:
     replica_ids: Sequence[str]
-    totals: Sequence[float]
-    parts: Mapping[str, Sequence[float]]
+    work_tokens: Sequence[float]
+    cached_tokens: Sequence[float]
+    backlog_tokens: Sequence[int]
     load_ratios: Sequence[float]
-    matched_blocks: Sequence[int]
 
 
-_NO_SCORES = ScoreColumns((), (), {}, (), ())
+_NO_SCORES = ScoreColumns((), (), (), (), ())
 
 
 @frozen_value
@@ -45,6 +45,9 @@ class RoutingDecision:
     replica_id: str | None
     reason: str
     columns: ScoreColumns = field(default=_NO_SCORES)
+    cached_prompt_tokens: int = 0
+    """Of the request's prompt, the tokens the chosen replica's cache holds (GPU tier): what its
+    reservation expects not to compute."""
 
     @property
     def scores(self) -> tuple[CandidateScore, ...]:
@@ -53,10 +56,10 @@ class RoutingDecision:
         return tuple(
             CandidateScore(
                 replica_id=replica_id,
-                total=c.totals[i],
-                parts={name: values[i] for name, values in c.parts.items()},
+                work_tokens=c.work_tokens[i],
+                cached_tokens=c.cached_tokens[i],
+                backlog_tokens=c.backlog_tokens[i],
                 load_ratio=c.load_ratios[i],
-                matched_blocks=c.matched_blocks[i],
             )
             for i, replica_id in enumerate(c.replica_ids)
         )

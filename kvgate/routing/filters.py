@@ -30,7 +30,16 @@ NO_REPLICA = "no_replica"
 class Gate:
     """The filter chain bound to one request at one instant (a plain class: built per decision)."""
 
-    __slots__ = ("check_room", "exclude", "hold_until_s", "now_s", "request", "resident", "slots")
+    __slots__ = (
+        "check_room",
+        "exclude",
+        "hold_until_s",
+        "now_s",
+        "prefill_tokens_per_s",
+        "request",
+        "resident",
+        "slots",
+    )
 
     def __init__(
         self,
@@ -41,6 +50,7 @@ class Gate:
         hold_until_s: float = float("-inf"),
         resident: ResidentPrefixes = NOTHING_SHARED,
         slots: Callable[[ReplicaView], int] = own_slots,
+        prefill_tokens_per_s: float = 0.0,
     ) -> None:
         self.request = request
         self.now_s = now_s
@@ -54,6 +64,8 @@ class Gate:
         self.slots = slots
         """The sequences each replica may run: admission's guard (``max_active``), so routing and
         admission count a replica full at the same number; its own slots without admission."""
+        self.prefill_tokens_per_s = prefill_tokens_per_s
+        """The replicas' measured prefill rate: turns a TTFT tolerance into prompt tokens."""
 
     def has_room(self, view: ReplicaView) -> bool:
         """Room for the request's worst case less the prompt blocks resident there."""

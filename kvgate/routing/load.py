@@ -77,19 +77,3 @@ def load_ratios(
     if views and all_fresh(views, now_s, stale_s):
         return tokens, [max(own_slot_ratio(v, slots), scraped_slot_ratio(v)) for v in views]
     return tokens, [v.load.resident_sequences / max(1, slots(v)) for v in views]
-
-
-def within_bound(
-    load_ratios: Sequence[float], cost_ratios: Sequence[float], bounded_load_factor: float
-) -> list[bool]:
-    """Whether each candidate's load is at most ``factor`` x the mean load once the request is placed.
-
-    The mean counts the request itself (as consistent hashing with bounded loads does), so an idle
-    pool does not forbid affinity everywhere and a replica may exceed the mean by one request.
-    """
-    total = sum(load_ratios)
-    count = len(load_ratios)
-    return [
-        load <= bounded_load_factor * (total + cost) / count
-        for load, cost in zip(load_ratios, cost_ratios, strict=True)
-    ]

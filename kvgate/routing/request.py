@@ -22,6 +22,9 @@ class RoutingRequest:
     block_hashes: tuple[int, ...] = ()
     sequences: int = 1
     """Sequences the request runs at once (``n``, and each prompt of a batch): a slot each."""
+    kv_bytes_per_token: int = 0
+    """The model's KV bytes per token: what loading a cached block from a host tier moves; 0 when
+    unknown (a host-tier hit then saves nothing)."""
 
     @property
     def kv_tokens(self) -> int:

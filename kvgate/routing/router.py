@@ -1,16 +1,18 @@
 """Where one admitted request goes: the entry point the gateway calls for every routing decision.
 
-``Router`` binds the configured policy, the seeded random source and the prefix index. ``choose``
-takes the request, a snapshot of the fleet and the current time, and returns a value: a replica id
-with the reason, or ``None`` with the binding filter as the reason. It performs no I/O, reads no
-clock, draws only from the injected ``random.Random`` and records no metrics; what it remembers is
-what it routed where (the prefix index, and how many KV blocks prompts read once were sent to write
-on each replica lately, both updated for the kvgate policy when a replica is chosen). A retry
-passes the replicas already tried as ``exclude``; with admission off the edge passes
-``check_room=False`` (nothing is held back for room, the replicas queue it). When a replica
-vanishes, is ejected or restarts, the edge calls ``forget`` so its prefix entries and write rate go
-with it. ``slots`` is how many sequences each replica may run: admission's guard, so both count a
-replica full alike.
+``Router`` binds the configured policy, the seeded random source and what routing knows of the
+replicas' caches: the index fed by their KV events (``cache_index``; the edge subscribes and hands
+each event to ``cache``) and, for replicas publishing none, the index of what kvgate routed where
+(``prefix_index``). ``choose`` takes the request, a snapshot of the fleet and the current time, and
+returns a value: a replica id with the reason, or ``None`` with the binding filter as the reason. It
+performs no I/O, reads no clock, draws only from the injected ``random.Random`` and records no
+metrics; what it remembers is what it routed where (both indexes, the event-fed one speculatively
+until the replica's events come). A retry passes the replicas already tried as ``exclude``; with
+admission off the edge passes ``check_room=False`` (nothing is held back for room, the replicas queue
+it). When a replica vanishes, is ejected or restarts, the edge calls ``forget`` so the prefixes kvgate
+sent there go with it; its event stream, while it lasts, keeps saying what it really holds.
+``slots`` is how many sequences each replica may run: admission's guard, so both count a replica full
+alike; ``prefill_tokens_per_s`` is the replicas' measured prefill rate.
 """
 
 from __future__ import annotations
@@ -19,41 +21,40 @@ import random
 from collections.abc import Callable, Collection, Sequence
 
 from kvgate.config.routing import RoutingConfig
+from kvgate.routing.cache_index import CacheIndex
 from kvgate.routing.decision import RoutingDecision
 from kvgate.routing.filters import Gate
 from kvgate.routing.policies.kvgate import KvgatePolicy
 from kvgate.routing.policies.least_request import LeastRequestPolicy
 from kvgate.routing.policies.round_robin import RoundRobinPolicy
 from kvgate.routing.policy import Policy
-from kvgate.routing.prefix_hash import BLOCK_SIZE_TOKENS
 from kvgate.routing.prefix_index import PrefixIndex
 from kvgate.routing.request import RoutingRequest
-from kvgate.routing.turnover import WriteRates
 from kvgate.vocabulary.capacity import own_slots
 from kvgate.vocabulary.replica import ReplicaView
 from kvgate.vocabulary.sharing import NOTHING_SHARED, ResidentPrefixes
 
 CACHE_MEMORY_RATIO = 2
-"""The index forgets a prefix routed to a replica once between one and two of that replica's KV
-caches' worth of new blocks were sent there after it (its two generations each hold one cache's
-worth). Not one: the replica frees a request's blocks, and only then may evict them, when the
-request finishes, while the index counts them when it is routed, and its worst-case output blocks
-with them. On the routing lab's many-prefix trace forgetting after one half to one cache lost 0.014
-of hit rate against never forgetting within ``prefix_index_capacity_blocks`` (seeds 0-3), and one
-to two gained 0.009 (seeds 0-7; 0.75 to 1.5 and 0.875 to 1.75 alike)."""
+"""The index of what kvgate routed forgets a prefix sent to a replica once between one and two of
+that replica's KV caches' worth of new blocks were sent there after it (its two generations each
+hold one cache's worth). Not one: the replica frees a request's blocks, and only then may evict them,
+when the request finishes, while the index counts them when it is routed, and its worst-case output
+blocks with them. On the routing lab's many-prefix trace forgetting after one half to one cache lost
+0.014 of hit rate against never forgetting within ``prefix_index_capacity_blocks`` (seeds 0-3), and
+one to two gained 0.009 (seeds 0-7; 0.75 to 1.5 and 0.875 to 1.75 alike)."""
 
 
 class Router:
     def __init__(self, config: RoutingConfig, rng: random.Random) -> None:
         self._config = config
+        self._block_tokens = config.block_size_tokens
         self._index = PrefixIndex(config.prefix_index_capacity_blocks)
-        self._writes = WriteRates()
+        self._cache = CacheIndex(config.block_size_tokens, config.speculation_s)
         self._cache_blocks: dict[str, int] = {}
-        self._scan_tokens = config.scan_prompt_tokens
         self._records_prefixes = config.policy == "kvgate"
         self._policy: Policy
         if config.policy == "kvgate":
-            self._policy = KvgatePolicy(config, rng, self._index, self._writes)
+            self._policy = KvgatePolicy(config, rng, self._index, self._cache)
         elif config.policy == "round_robin":
             self._policy = RoundRobinPolicy()
         else:
@@ -67,6 +68,11 @@ class Router:
     def prefix_index(self) -> PrefixIndex:
         return self._index
 
+    @property
+    def cache(self) -> CacheIndex:
+        """What the replicas publishing KV events hold; the edge feeds it their events."""
+        return self._cache
+
     def choose(
         self,
         request: RoutingRequest,
@@ -77,19 +83,18 @@ class Router:
         hold_until_s: float = float("-inf"),
         resident: ResidentPrefixes = NOTHING_SHARED,
         slots: Callable[[ReplicaView], int] = own_slots,
+        prefill_tokens_per_s: float = 0.0,
     ) -> RoutingDecision:
-        gate = Gate(request, now_s, exclude, check_room, hold_until_s, resident, slots)
+        gate = Gate(request, now_s, exclude, check_room, hold_until_s, resident, slots, prefill_tokens_per_s)
         decision = self._policy.pick(request, replicas, gate)
         replica_id = decision.replica_id
         if replica_id is not None and self._records_prefixes and request.block_hashes:
-            output_blocks = -(-request.max_output_tokens // BLOCK_SIZE_TOKENS) * request.sequences
+            output_blocks = -(-request.max_output_tokens // self._block_tokens) * request.sequences
             capacity = self._cache_blocks.get(replica_id)
             if capacity is None:
                 capacity = self._learn_cache_blocks(replica_id, replicas)
-            prompt_blocks = self._index.record(replica_id, request.block_hashes, output_blocks, capacity)
-            if prompt_blocks == len(request.block_hashes) and request.prompt_tokens >= self._scan_tokens > 0:
-                # A long prompt the replica held none of: read once, as far as kvgate can tell.
-                self._writes.add(replica_id, prompt_blocks + output_blocks, now_s)
+            self._index.record(replica_id, request.block_hashes, output_blocks, capacity)
+            self._cache.speculate(replica_id, request.block_hashes, now_s)
         return decision
 
     def _learn_cache_blocks(self, replica_id: str, replicas: Sequence[ReplicaView]) -> int:
@@ -98,7 +103,7 @@ class Router:
         joined or was forgotten)."""
         for view in replicas:
             if view.replica_id == replica_id:
-                blocks = CACHE_MEMORY_RATIO * view.kv_capacity_tokens // BLOCK_SIZE_TOKENS
+                blocks = CACHE_MEMORY_RATIO * view.kv_capacity_tokens // self._block_tokens
                 self._cache_blocks[replica_id] = blocks
                 return blocks
         return 0
@@ -115,5 +120,4 @@ class Router:
 
     def forget(self, replica_id: str) -> None:
         self._index.remove_replica(replica_id)
-        self._writes.forget(replica_id)
         self._cache_blocks.pop(replica_id, None)

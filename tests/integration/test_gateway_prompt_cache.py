@@ -14,7 +14,7 @@ from tests.integration.conftest import MODEL, gateway_config
 
 async def test_repeated_prompt_is_tokenised_once_and_the_cache_is_bounded() -> None:
     model = gateway_config(["http://127.0.0.1:1"]).models[0]
-    encoder = PromptEncoder([model])
+    encoder = PromptEncoder([model], 16)
     expected = PromptTokens.of(
         TiktokenTokenizer.from_name().encode(
             template_for(model.chat_template).render([{"role": "user", "content": "hello there"}])
@@ -40,7 +40,7 @@ async def test_repeated_prompt_is_tokenised_once_and_the_cache_is_bounded() -> N
 
 async def test_a_long_prompt_counted_off_the_loop_has_the_whole_prompts_count_and_blocks() -> None:
     model = gateway_config(["http://127.0.0.1:1"]).models[0]
-    encoder = PromptEncoder([model])
+    encoder = PromptEncoder([model], 16)
     text = " ".join(f"word{i} and {i * 7} more" for i in range(12_000))
     body = {"model": MODEL, "messages": [{"role": "user", "content": text}]}
     ids = TiktokenTokenizer.from_name().encode(template_for(model.chat_template).render(body["messages"]))

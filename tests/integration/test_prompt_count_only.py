@@ -39,7 +39,7 @@ async def test_prompts_counted_without_ids_never_share_prefix_blocks() -> None:
     model = Model.model_validate(
         {"name": MODEL, "max_model_len": 100000, "kv_bytes_per_token": 1, "tokenizer": {"kind": "replica"}}
     )
-    encoder = PromptEncoder([model])
+    encoder = PromptEncoder([model], 16)
     async with count_only_replica() as url, aiohttp.ClientSession() as session:
         routed = {}
         for prompt in ("first prompt", "other prompt", "first prompt"):

@@ -50,6 +50,7 @@ class ReplicaSpec:
 @dataclass(slots=True)
 class _Sequence:
     prompt_tokens: int
+    uncached_tokens: int
     max_output_tokens: int
     arrival_s: float
     first_token_s: float
@@ -76,13 +77,14 @@ class _Replica:
         return sum(s.prompt_tokens + s.produced(now_s) for s in self.resident if s.arrival_s <= now_s)
 
     def view(self, now_s: float) -> ReplicaView:
-        pending = resident = remaining = reserved = 0
+        pending = resident = remaining = reserved = uncached = 0
         for s in self.resident:
             resident += 1
             reserved += s.prompt_tokens + s.max_output_tokens
             remaining += s.max_output_tokens - s.produced(now_s)
             if s.first_token_s > now_s:
                 pending += s.prompt_tokens
+                uncached += s.uncached_tokens
         spec = self.spec
         return ReplicaView(
             replica_id=spec.replica_id,
@@ -94,7 +96,7 @@ class _Replica:
             max_sequences=spec.max_sequences,
             healthy=True,
             ready_since_s=spec.ready_since_s if spec.ready_since_s <= now_s else None,
-            load=ReplicaLoad(pending, resident, remaining, reserved),
+            load=ReplicaLoad(pending, resident, remaining, reserved, uncached),
         )
 
     def admit(self, request: RoutingRequest, now_s: float) -> int:
@@ -117,6 +119,7 @@ class _Replica:
         self.resident.append(
             _Sequence(
                 request.prompt_tokens,
+                uncached_tokens,
                 request.max_output_tokens,
                 now_s,
                 first_token_s,
@@ -162,6 +165,7 @@ def run(
 ) -> ReplayResult:
     router = Router(config, random.Random(config.seed))
     replicas = [_Replica(spec) for spec in specs]
+    prefill_tokens_per_s = min(spec.prefill_tokens_per_s for spec in specs)
     events: list[tuple[float, int, TraceRequest | None]] = []
     order = 0
     last_arrival_s = 0.0
@@ -184,7 +188,7 @@ def run(
             kv_samples.append((now_s, {r.spec.replica_id: r.kv_tokens(now_s) for r in replicas}))
             continue
         views = tuple(replica.view(now_s) for replica in replicas)
-        decision = router.choose(item.request, views, now_s)
+        decision = router.choose(item.request, views, now_s, prefill_tokens_per_s=prefill_tokens_per_s)
         if decision.replica_id is None:
             heapq.heappush(events, (now_s + retry_after_s, order, item))
             order += 1

@@ -4,7 +4,10 @@ import random
 from collections import Counter
 from dataclasses import replace
 
+import pytest
+
 from kvgate.config.routing import RoutingConfig
+from kvgate.routing.kv_events import BlockStored
 from kvgate.routing.request import RoutingRequest
 from kvgate.routing.router import Router
 from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role
@@ -13,7 +16,14 @@ MODEL = "m"
 SYSTEM_PROMPT = list(range(160))
 
 
-def view(replica_id: str, decode_tokens: int = 0, **changes: object) -> ReplicaView:
+def view(replica_id: str, backlog: int = 0, **changes: object) -> ReplicaView:
+    """A replica with ``backlog`` prompt tokens routed there and not yet computed."""
+    load = ReplicaLoad(
+        pending_prompt_tokens=backlog,
+        resident_sequences=1 if backlog else 0,
+        reserved_kv_tokens=backlog,
+        pending_uncached_tokens=backlog,
+    )
     base = ReplicaView(
         replica_id=replica_id,
         url=f"http://{replica_id}",
@@ -24,7 +34,7 @@ def view(replica_id: str, decode_tokens: int = 0, **changes: object) -> ReplicaV
         max_sequences=64,
         healthy=True,
         ready_since_s=-3_600.0,
-        load=ReplicaLoad(remaining_decode_tokens=decode_tokens, reserved_kv_tokens=decode_tokens),
+        load=load,
     )
     return replace(base, **changes)  # type: ignore[arg-type]
 
@@ -39,35 +49,53 @@ def router(seed: int = 0, **fields: object) -> Router:
     return Router(RoutingConfig.model_validate(fields), random.Random(seed))
 
 
-def test_least_outstanding_tokens_wins_without_prefix() -> None:
+RATE = 10_000.0
+"""Prefill tokens per second: with the default tolerance (0.5 s), 5,000 tokens of backlog."""
+
+
+def test_the_least_prefill_work_wins_without_a_prefix() -> None:
     fleet = [view("a", 5_000), view("b", 1_000), view("c", 3_000)]
-    decision = router().choose(RoutingRequest(MODEL, 100, 100), fleet, 0.0)
-    assert (decision.replica_id, decision.reason) == ("b", "least_load")
-    assert {s.replica_id for s in decision.scores} == {"a", "b", "c"}
-    assert all(0.0 <= part <= 1.0 for s in decision.scores for part in s.parts.values())
+    decision = router().choose(RoutingRequest(MODEL, 100, 100), fleet, 0.0, prefill_tokens_per_s=RATE)
+    assert (decision.replica_id, decision.reason) == ("b", "least_work")
+    scores = {s.replica_id: s for s in decision.scores}
+    assert {r: s.work_tokens for r, s in scores.items()} == {"a": 5_100, "b": 1_100, "c": 3_100}
+    assert decision.cached_prompt_tokens == 0
 
 
-def test_prefix_affinity_beats_slightly_lower_load() -> None:
-    r = router()
-    fleet = [view("a", 2_000), view("b", 2_000), view("c", 2_000)]
-    first = r.choose(request(0), fleet, 0.0)
-    assert first.replica_id is not None
-    lighter = [view(v.replica_id, 2_000 if v.replica_id == first.replica_id else 1_900) for v in fleet]
-    second = r.choose(request(1), lighter, 0.0)
-    assert (second.replica_id, second.reason) == (first.replica_id, "prefix_affinity")
-    score = second.score_of(first.replica_id)
-    assert score is not None and score.matched_blocks == 10
-
-
-def test_bounded_load_drops_affinity_of_a_hot_replica() -> None:
-    r = router()
+def test_the_replica_caching_the_prefix_keeps_it_within_the_ttft_tolerance_then_it_spills() -> None:
+    r = router(affinity_min_tokens=64)
     r.prefix_index.record("a", request(0).block_hashes)
-    hot = [view("a", 40_000), view("b", 20_000), view("c", 20_000)]
-    decision = r.choose(request(1), hot, 0.0)
-    assert decision.replica_id in {"b", "c"}
-    hot_score = decision.score_of("a")
-    assert hot_score is not None and hot_score.matched_blocks == 10
-    assert hot_score.parts["prefix_locality"] == 0.0
+    near = [view("a", 4_000), view("b", 0), view("c", 0)]
+    kept = r.choose(request(1), near, 0.0, prefill_tokens_per_s=RATE)
+    assert (kept.replica_id, kept.reason) == ("a", "prefix_affinity")
+    assert kept.cached_prompt_tokens == 160, "the system prompt's ten blocks, not the user's own"
+    score = kept.score_of("a")
+    assert score is not None and (score.cached_tokens, score.backlog_tokens) == (160, 4_000)
+    far = [view("a", 6_000), view("b", 0), view("c", 0)]
+    spilled = r.choose(request(2), far, 0.0, prefill_tokens_per_s=RATE)
+    assert (spilled.replica_id, spilled.reason) in {("b", "least_work"), ("c", "least_work")}
+    fresh = router(affinity_min_tokens=64)
+    fresh.prefix_index.record("a", request(0).block_hashes)
+    assert fresh.choose(request(3), near, 0.0).reason == "least_work", "without a measured rate, no wait"
+
+
+def test_a_prefix_every_candidate_holds_decides_nothing() -> None:
+    r = router(affinity_min_tokens=64)
+    for replica in "abc":
+        r.prefix_index.record(replica, request(0).block_hashes[:10])
+    fleet = [view("a", 3_000), view("b", 1_000), view("c", 2_000)]
+    decision = r.choose(request(1), fleet, 0.0, prefill_tokens_per_s=RATE)
+    assert (decision.replica_id, decision.reason) == ("b", "least_work")
+    assert decision.cached_prompt_tokens == 160
+
+
+def test_a_prefix_too_short_to_wait_for_is_weighed_as_work_alone() -> None:
+    r = router(affinity_min_tokens=512)
+    r.prefix_index.record("a", request(0).block_hashes)
+    decision = r.choose(request(1), [view("a", 1_000), view("b", 0)], 0.0, prefill_tokens_per_s=RATE)
+    assert (decision.replica_id, decision.reason) == ("b", "least_work"), (
+        "160 cached tokens < 1,000 more work"
+    )
 
 
 def test_exclude_sends_a_retry_elsewhere() -> None:
@@ -89,7 +117,7 @@ def test_ties_are_spread_by_the_seeded_rng_and_reproducible() -> None:
     fleet = [view(name) for name in "abcd"]
 
     def picks(seed: int) -> list[str | None]:
-        r = router(seed=seed, scorer_weights={"outstanding_tokens": 1.0})
+        r = router(seed=seed)
         return [r.choose(RoutingRequest(MODEL, 10, 10), fleet, 0.0).replica_id for _ in range(200)]
 
     assert picks(3) == picks(3)
@@ -117,10 +145,10 @@ def test_least_request_counts_sequences_not_tokens() -> None:
 
 
 def test_sampling_large_fleet_still_finds_the_prefix_holder_and_the_index_learns() -> None:
-    r = router(sample_size=8)
+    r = router(sample_size=8, affinity_min_tokens=64)
     fleet = [view(f"r{i:03}", 10_000) for i in range(400)]
     r.prefix_index.record("r123", request(0).block_hashes)
-    decision = r.choose(request(1), fleet, 0.0)
+    decision = r.choose(request(1), fleet, 0.0, prefill_tokens_per_s=RATE)
     assert (decision.replica_id, decision.reason) == ("r123", "prefix_affinity")
     assert len(decision.scores) <= 9
     assert r.prefix_index.match_blocks("r123", request(1).block_hashes) == request(1).prompt_tokens // 16
@@ -142,21 +170,21 @@ def test_forget_drops_a_replicas_prefixes() -> None:
 
 
 def test_a_holder_missing_from_the_snapshot_is_skipped_and_reordered_fleets_still_resolve() -> None:
-    r = router(sample_size=4)
+    r = router(sample_size=4, affinity_min_tokens=64)
     r.prefix_index.record("gone", request(0).block_hashes)
     fleet = [view(f"r{i:03}", 10_000) for i in range(50)]
     holders = set()
     for _ in range(3):
-        decision = r.choose(request(1), fleet, 0.0)
+        decision = r.choose(request(1), fleet, 0.0, prefill_tokens_per_s=RATE)
         assert decision.replica_id is not None and decision.replica_id != "gone"
         holders.add(decision.replica_id)
-    decision = r.choose(request(2), list(reversed(fleet)), 0.0)
+    decision = r.choose(request(2), list(reversed(fleet)), 0.0, prefill_tokens_per_s=RATE)
     assert decision.replica_id in holders
     assert decision.reason == "prefix_affinity"
 
 
 LONG_PROMPT = list(range(512))
-"""Longer than ``prefix_home_key_tokens`` (256): a prefix worth waiting for."""
+"""As long as ``affinity_min_tokens`` (512): a prefix worth waiting for."""
 
 
 def test_a_queued_request_waits_for_the_full_replica_holding_its_prefix_within_its_hold() -> None:
@@ -196,3 +224,43 @@ def test_the_hold_lasts_prefix_hold_s_within_half_the_wait_budget_and_never_for_
     assert r.hold_until_s(10.0, wait_budget_s=1.0) == 10.5
     assert r.hold_until_s(10.0, wait_budget_s=30.0, promised=True) == float("-inf")
     assert router(prefix_hold_s=0.0).hold_until_s(10.0) == 10.0
+
+
+def events_router(**fields: object) -> Router:
+    r = router(**fields)
+    for replica in "abc":
+        r.cache.start(replica)
+    return r
+
+
+def test_replicas_publishing_events_are_read_from_them_and_decide_as_a_right_routed_index_would() -> None:
+    approx, events = router(affinity_min_tokens=64), events_router(affinity_min_tokens=64)
+    approx.prefix_index.record("a", request(0).block_hashes)
+    tokens = [*SYSTEM_PROMPT, *range(10_000, 10_032)]
+    events.cache.apply("a", BlockStored(tuple(range(1, 13)), None, tuple(tokens), 16))
+    for user in range(1, 6):
+        fleet = [view("a", 1_000 * user), view("b"), view("c")]
+        one = approx.choose(request(user), fleet, 0.0, prefill_tokens_per_s=RATE)
+        other = events.choose(request(user), fleet, 0.0, prefill_tokens_per_s=RATE)
+        assert (one.replica_id, one.reason, one.cached_prompt_tokens) == (
+            other.replica_id,
+            other.reason,
+            other.cached_prompt_tokens,
+        )
+    assert events.cache.match("a", request(0).block_hashes, 0.0).gpu_blocks == 12
+
+
+def test_a_host_tier_hit_counts_for_the_prefill_it_saves() -> None:
+    r = events_router(affinity_min_tokens=64)
+    prompt = list(range(4_096))
+    r.cache.apply("a", BlockStored(tuple(range(256)), None, tuple(prompt), 16, "CPU"))
+    r.cache.apply("b", BlockStored(tuple(range(256)), None, tuple(prompt), 16, "GPU"))
+    ask = RoutingRequest(MODEL, 4_096 + 32, 100, request(0, prompt).block_hashes, kv_bytes_per_token=131_072)
+    fleet = [view("a"), view("b", 3_000), view("c")]
+    decision = r.choose(ask, fleet, 0.0, prefill_tokens_per_s=29_000.0)
+    scores = {s.replica_id: s for s in decision.scores}
+    saving = 1 - 131_072 / 25e9 * 29_000
+    assert scores["a"].cached_tokens == pytest.approx(4_096 * saving)
+    assert scores["b"].cached_tokens == 4_096 and scores["c"].cached_tokens == 0
+    assert (decision.replica_id, decision.reason) == ("b", "prefix_affinity"), "the GPU copy keeps it"
+    assert decision.cached_prompt_tokens == 4_096

@@ -33,6 +33,7 @@ from kvgate.gateway.coordination.coordinator import RedisCoordinator, fleet_dema
 from kvgate.gateway.edge.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from kvgate.gateway.edge.errors import GatewayError, MethodNotAllowed
 from kvgate.gateway.replicas.discovery import DnsDiscovery
+from kvgate.gateway.replicas.kv_event_streams import KvEventStreams
 from kvgate.gateway.replicas.probes import HealthMonitor
 from kvgate.gateway.replicas.replica_http import ReplicaClient
 from kvgate.gateway.replicas.scrape import Scraper
@@ -70,6 +71,13 @@ class Gateway:
             self.state, self.path.dispatcher, self.path.fleet, routing.scrape_stale_s, routing.warmup_s, clock
         )
         self.metrics.bind(work)
+        cache = self.path.dispatcher.router.cache
+        self.metrics.bind_prefix_cache_sources(
+            lambda: [
+                (r.pool, "events" if cache.follows(r.replica_id) else "routed")
+                for r in self.state.replicas.values()
+            ]
+        )
         auth = config.auth
         protect = auth.protect_observability
         self._guard: ObservabilityGuard | None = None
@@ -189,6 +197,17 @@ class Gateway:
         self._tasks += [asyncio.create_task(d.run(), name="kvgate-dns") for d in discoveries]
         lag = watch_loop_lag(self.metrics.observe_loop_lag)
         self._tasks.append(asyncio.create_task(lag, name="kvgate-loop-lag"))
+        streams = KvEventStreams(
+            self.state,
+            self.path.dispatcher.router.cache,
+            self.config.pools,
+            self._session,
+            self.metrics,
+            self.config.health.interval_s,
+        )
+        if streams.enabled:
+            await streams.reconcile()
+            self._tasks.append(asyncio.create_task(streams.run(), name="kvgate-kv-events"))
         if self.config.autoscaler is not None:
             recommender = GatewayRecommender(self.metrics, self.config.autoscaler, self._clock)
             self._tasks.append(asyncio.create_task(recommender.run(), name="kvgate-autoscaler"))

@@ -320,6 +320,7 @@ class Dispatcher:
             hold_until_s,
             ledger,
             slots,
+            self.controller.rates.prefill_tokens_per_s,
         )
         if choice.replica_id is None:
             return choice.reason
@@ -329,7 +330,15 @@ class Dispatcher:
         cost = request.admission.cost
         if replica.role is Role.PREFILL:
             cost = prefill_cost(cost)
-        if not ledger.reserve(request.request_id, replica.replica_id, cost, now_s, routing.block_hashes):
+        reserved = ledger.reserve(
+            request.request_id,
+            replica.replica_id,
+            cost,
+            now_s,
+            routing.block_hashes,
+            choice.cached_prompt_tokens,
+        )
+        if not reserved:
             raise RuntimeError(f"request {request.request_id} already holds a reservation")
         self.leases.hold(request)
         request.tried.append(replica.replica_id)

@@ -56,7 +56,8 @@ class Pricer:
         self._state = state
         self._config = config.admission
         self._tenants = tenants
-        self.encoder = PromptEncoder(config.models)
+        self._block_size_tokens = config.routing.block_size_tokens
+        self.encoder = PromptEncoder(config.models, self._block_size_tokens)
         self.session: aiohttp.ClientSession | None = None
         """For counting by a replica's ``/tokenize``; set when the gateway starts."""
 
@@ -95,7 +96,7 @@ class Pricer:
                 prompt_tokens: int | list[int] = prompt.count
             else:
                 each = [
-                    PromptTokens.of(p)
+                    PromptTokens.of(p, self._block_size_tokens)
                     if isinstance(p, list)
                     else await self._encode(request, {"prompt": p}, len(p))
                     for p in batch
@@ -149,7 +150,12 @@ class Pricer:
             blocks,
         )
         request.routing = RoutingRequest(
-            request.model, cost.prompt_tokens, cost.max_output_tokens, blocks, cost.sequences
+            request.model,
+            cost.prompt_tokens,
+            cost.max_output_tokens,
+            blocks,
+            cost.sequences,
+            cost.kv_bytes_per_token,
         )
         return None
 

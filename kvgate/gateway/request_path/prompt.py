@@ -57,14 +57,16 @@ class PromptTokens:
     block_hashes: tuple[int, ...]
 
     @classmethod
-    def of(cls, token_ids: Sequence[int]) -> PromptTokens:
-        return cls(len(token_ids), tuple(block_hashes(token_ids)))
+    def of(cls, token_ids: Sequence[int], block_size_tokens: int) -> PromptTokens:
+        return cls(len(token_ids), tuple(block_hashes(token_ids, block_size_tokens)))
 
 
 class PromptEncoder:
     """A request body's prompt counted (``PromptTokens``), per model."""
 
-    def __init__(self, models: Sequence[Model]) -> None:
+    def __init__(self, models: Sequence[Model], block_size_tokens: int) -> None:
+        self._block_size_tokens = block_size_tokens
+        """The replicas' KV block size: prompts are hashed in their blocks."""
         self._local = {m.name: (tokenizer_for(m.tokenizer), template_for(m.chat_template)) for m in models}
         self._cache: dict[tuple[str, str], PromptTokens] = {}
         self._limits = {m.name: m.max_model_len for m in models}
@@ -93,12 +95,12 @@ class PromptEncoder:
             return None
         prompt = prompt_of(body, template)
         if isinstance(prompt, list):
-            return PromptTokens.of(prompt)
+            return PromptTokens.of(prompt, self._block_size_tokens)
         cache = self._cache
         key = (model, prompt)
         tokens = cache.pop(key, None)
         if tokens is None:
-            tokens = PromptTokens.of(tokenizer.encode(prompt))
+            tokens = PromptTokens.of(tokenizer.encode(prompt), self._block_size_tokens)
             if len(cache) >= CACHED_PROMPTS:
                 del cache[next(iter(cache))]
         cache[key] = tokens
@@ -121,7 +123,9 @@ class PromptEncoder:
             return tokens
         tokenizer, template = self._local[model]
         if tokenizer is None and raw_size_bytes <= OFF_LOOP_TEXT_BYTES:
-            return PromptTokens.of(await _replica_tokens(session, url, model, body, headers))
+            return PromptTokens.of(
+                await _replica_tokens(session, url, model, body, headers), self._block_size_tokens
+            )
         turns = self._turns[model]
         self.waiting += 1
         try:
@@ -131,7 +135,9 @@ class PromptEncoder:
         if tokenizer is None:
             self.running += 1
             try:
-                return PromptTokens.of(await _replica_tokens(session, url, model, body, headers))
+                return PromptTokens.of(
+                    await _replica_tokens(session, url, model, body, headers), self._block_size_tokens
+                )
             finally:
                 self.running -= 1
                 turns.release()
@@ -139,7 +145,8 @@ class PromptEncoder:
         self._jobs.append(job)
         self.running += 1
         try:
-            work = asyncio.get_running_loop().run_in_executor(None, _count, job, tokenizer, template, body)
+            count = functools.partial(_count, job, tokenizer, template, body, self._block_size_tokens)
+            work = asyncio.get_running_loop().run_in_executor(None, count)
         except BaseException:
             self._finished(job, turns, None)
             raise
@@ -162,15 +169,19 @@ class PromptEncoder:
 
 
 def _count(
-    job: EncodeJob, tokenizer: Tokenizer, template: ChatTemplate, body: Mapping[str, Any]
+    job: EncodeJob,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    body: Mapping[str, Any],
+    block_size_tokens: int,
 ) -> PromptTokens:
     """In a worker thread: what to count (a chat rendered, which may be long too), then the count
     and the block hashes, each run hashed and let go before the next is counted."""
     prompt = prompt_of(body, template)
     if isinstance(prompt, list):
-        return PromptTokens.of(prompt)
+        return PromptTokens.of(prompt, block_size_tokens)
     limit = job.limit_tokens
-    hasher = BlockHasher()
+    hasher = BlockHasher(block_size_tokens)
     count = 0
     for run in job.runs(tokenizer, prompt):
         count += len(run)

@@ -111,6 +111,10 @@ _REASON_OF_STATUS = {
 }
 """The reason of a gateway error that carries none: an admission error always does, so a reasonless
 429 or 503 is a replica's own answer passed on."""
+KV_EVENT_OUTCOMES = ("stored", "removed", "cleared", "unlinked", "gap", "undecodable")
+"""What the replicas' KV cache events did to the cache index: blocks stored and removed, a cache
+cleared, blocks left out (their parent unknown, or another block size), a message missed (the
+replica's entry starts over), a message that was not a KV event batch."""
 COORDINATION_ERROR_KINDS = ("connection", "authentication", "timeout", "response", "bad_value", "internal")
 """How a Redis coordination call failed (``kvgate/gateway/coordination/coordinator.py`` names each failure's
 kind)."""
@@ -127,6 +131,7 @@ class EventSeries:
         "expired",
         "forecast_error",
         "itl",
+        "kv_events",
         "loop_lag",
         "output_tokens",
         "prompt_tokens",
@@ -243,6 +248,13 @@ class EventSeries:
             "timeout or its model's TTFT objective less its prefill); 1: refused at its deadline.",
             POOL_MODEL,
             WAIT_BUDGET_BUCKETS,
+        )
+        self.kv_events = counter(
+            "kvgate_kv_events",
+            "What the replicas' KV cache events did to routing's index of their caches, by outcome: "
+            + ", ".join(KV_EVENT_OUTCOMES)
+            + " (stored, removed and unlinked count blocks).",
+            ["pool", "outcome"],
         )
 
 

@@ -259,6 +259,32 @@ class ItlGuardGauges(Collector):
         return [family]
 
 
+class PrefixCacheSources(Collector):
+    """``kvgate_prefix_cache_replicas``: how many replicas of each pool routing reads from their own
+    KV events, and how many from what kvgate routed there, read at scrape time."""
+
+    def __init__(self, sources: Callable[[], Iterable[tuple[str, str]]]) -> None:
+        self._sources = sources
+        """(pool, source) of every replica: source ``events`` or ``routed``."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(
+            "kvgate_prefix_cache_replicas",
+            "Replicas whose prefix cache routing reads from their own KV events (source=events: what "
+            "they hold, evictions included) or from what kvgate sent them (source=routed: a guess).",
+            labels=["pool", "source"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for pool, source in self._sources():
+            counts[(pool, source)] = counts.get((pool, source), 0) + 1
+        for (pool, source), replicas in sorted(counts.items()):
+            family.add_metric([pool, source], float(replicas))
+        return [family]
+
+
 class BuildInfo(Collector):
     """``kvgate_build_info``: the installed package's version (from its metadata) and Python's."""
 

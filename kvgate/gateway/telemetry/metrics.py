@@ -45,6 +45,7 @@ from kvgate.gateway.telemetry.gauges import (
     BuildInfo,
     CoordinationGauges,
     ItlGuardGauges,
+    PrefixCacheSources,
     PromiseCounters,
     WorkGauges,
 )
@@ -334,6 +335,15 @@ class GatewayMetrics:
     def count_coordination_errors(self, kind: str, count: int = 1) -> None:
         """``kind`` is one of ``COORDINATION_ERROR_KINDS``."""
         self._events.coordination_errors.labels(kind).inc(count)
+
+    def count_kv_events(self, pool: str, outcome: str, count: int = 1) -> None:
+        """``outcome`` is one of ``KV_EVENT_OUTCOMES``."""
+        self._events.kv_events.labels(pool, outcome).inc(count)
+
+    def bind_prefix_cache_sources(self, sources: Callable[[], Iterable[tuple[str, str]]]) -> None:
+        """Export ``kvgate_prefix_cache_replicas``, counting the (pool, source) pairs ``sources``
+        gives at every scrape."""
+        self.registry.register(PrefixCacheSources(sources))
 
     def set_desired_replicas(self, pool: str, replicas: int, reason: str) -> None:
         self.signals.set_desired(pool, replicas, reason)
