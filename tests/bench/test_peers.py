@@ -5,7 +5,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from bench.peers import PEERS, locate, ready, select
+from bench.harness.peers import PEERS, locate, ready, select
 
 URLS = ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
 
