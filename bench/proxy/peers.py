@@ -1,8 +1,8 @@
 """Router CPU per request: kvgate against the Rust routers, over the same zero-delay backends.
 
-The backends of ``bench.bench_proxy`` (one process, four ports, answering at once) sit behind
-every target at the same time: kvgate's gateway process (admission and routing on, as
-``bench_proxy`` configures it) and each peer router (``bench.peers``: ``vllm-router`` and
+The backends of ``bench.proxy.backends`` (one process, four ports, answering at once) sit behind
+every target at the same time: kvgate's gateway process (admission and routing on, configured as
+for the other scenarios) and each peer router (``bench.harness.peers``: ``vllm-router`` and
 ``sglang-router`` from the ``bench`` extra, started with ``--worker-urls``). For each workload the
 targets are measured in turn, round after round (A, B, C, A, B, C, ...), so a quieter or busier
 moment of this shared machine lands on all of them alike; each round warms the target first, then
@@ -10,12 +10,13 @@ reads its process's CPU seconds (with its children's) over ``--requests`` reques
 concurrency from this driver. The table gives each target's median over the rounds and its ratio
 to ``vllm:round_robin``'s in the same run.
 
-    python -m bench.bench_proxy --peers all [--rounds 3] [--requests 4000] [--streams 600]
+    python -m bench proxy --peers all [--rounds 3] [--requests 4000] [--streams 600]
         [--peer-bin-dir /path/to/venv/bin] [--kvgate-from NAME=DIR ...]
 
 ``--kvgate-from compiled=../kvgate-compiled`` adds a gateway run from another checkout (a compiled
-build, another commit) to the same rotation, with the same configuration: a change's cost measured
-alternately with the code before it and the routers, on the same backends.
+build, another commit: ``python -m kvgate serve`` started in DIR runs DIR's code) to the same
+rotation, with the same configuration: a change's cost measured alternately with the code before it
+and the routers, on the same backends.
 
 The pace rides in the prompt, not in a header: sglang-router forwards neither unknown headers nor
 unknown body fields, and its streams would otherwise come back to back.
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,9 +35,11 @@ import aiohttp
 import orjson
 import psutil
 
-from bench import peers
-from bench.bench_proxy import CHUNKS, MODEL, PACE_PROMPT_PREFIX, _gateway_config, _spawn, _stop, drive
-from kvgate.loadtest.client import wait_until_ok
+from bench.harness import peers
+from bench.harness.gateway import start_gateway
+from bench.harness.processes import children
+from bench.proxy.load import drive
+from bench.proxy.stage import CHAT_PATH, CHUNKS, MODEL, PACE_PROMPT_PREFIX, config, start_backends
 from kvgate.sim.ports import free_ports
 
 BASELINE = "vllm:round_robin"
@@ -86,7 +88,7 @@ async def measure(
             headers = {"content-type": "application/json"}
             for round_number in range(1, rounds + 1):
                 for target in targets:
-                    url = target.url + "/v1/chat/completions"
+                    url = target.url + CHAT_PATH
                     await drive(session, url, body, headers, concurrency, concurrency)
                     before = target.cpu_seconds()
                     result = await drive(session, url, body, headers, total, concurrency)
@@ -121,7 +123,7 @@ def kvgate_checkouts(specs: Sequence[str]) -> list[tuple[str, Path | None]]:
     for spec in specs:
         name, sep, directory = spec.partition("=")
         path = Path(directory)
-        if not sep or not name or not (path / "bench" / "bench_proxy.py").is_file():
+        if not sep or not name or not (path / "kvgate" / "__main__.py").is_file():
             raise ValueError(f"--kvgate-from {spec!r}: want NAME=DIR, DIR a kvgate checkout")
         if name in {existing for existing, _ in gateways} | {peer.name for peer in peers.PEERS}:
             raise ValueError(f"--kvgate-from {spec!r}: {name} already names a target")
@@ -130,31 +132,27 @@ def kvgate_checkouts(specs: Sequence[str]) -> list[tuple[str, Path | None]]:
 
 
 async def compare(args: argparse.Namespace) -> int:
-    """The comparison ``python -m bench.bench_proxy --peers NAMES`` runs."""
+    """The comparison ``python -m bench proxy --peers NAMES`` runs."""
     chosen = peers.select(args.peers)
     try:
         gateways = kvgate_checkouts(args.kvgate_from)
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
-    first_port = free_ports(5 + len(gateways) + 2 * len(chosen))
-    backend_ports = list(range(first_port, first_port + 4))
-    peer_port = first_port + 4 + len(gateways)
-    processes: list[subprocess.Popen[str]] = []
-    peer_processes: list[subprocess.Popen[bytes]] = []
-    try:
-        processes.append(_spawn(["--backend", ",".join(map(str, backend_ports))]))
-        targets: list[Target] = []
-        for offset, (name, checkout) in enumerate(gateways):
-            gateway_port = first_port + 4 + offset
-            gateway = _spawn(["--gateway", _gateway_config(backend_ports, gateway_port)], cwd=checkout)
-            processes.append(gateway)
-            targets.append(Target(name, f"http://127.0.0.1:{gateway_port}", psutil.Process(gateway.pid)))
+    with children() as started:
+        backend_ports = start_backends(started)
+        kvgates = {
+            name: start_gateway(
+                started, config(backend_ports, free_ports()), args.out / f"gateway-{name}.yaml", cwd=checkout
+            )
+            for name, checkout in gateways
+        }
+        targets = [Target(name, gw.url, psutil.Process(gw.process.pid)) for name, gw in kvgates.items()]
         urls = [f"http://127.0.0.1:{port}" for port in backend_ports]
         async with aiohttp.ClientSession() as session:
-            for target in targets:
-                await wait_until_ok(session, target.url + "/readyz")
-            for index, peer in enumerate(chosen):
+            for gateway in kvgates.values():
+                await gateway.ready(session)
+            for peer in chosen:
                 binary = peers.locate(peer.program, args.peer_bin_dir)
                 if binary is None:
                     print(
@@ -162,26 +160,13 @@ async def compare(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                     )
                     return 2
-                port = peer_port + 2 * index
-                proc = subprocess.Popen(
-                    peer.command(binary, urls, port, port + 1),
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                peer_processes.append(proc)
-                url = f"http://127.0.0.1:{port}"
-                why = await peers.ready(session, proc, url)
+                process, url = peers.start_peer(started, peer, binary, urls)
+                why = await peers.ready(session, process, url)
                 if why is not None:
                     print(f"{peer.name}: {why}", file=sys.stderr)
                     return 2
-                targets.append(Target(peer.name, url, psutil.Process(proc.pid)))
+                targets.append(Target(peer.name, url, psutil.Process(process.pid)))
         print(f"targets: {', '.join(t.name for t in targets)}; {args.rounds} rounds each", flush=True)
         await measure(targets, args.rounds, args.requests, args.streams, args.concurrency)
         print_table(targets, args.concurrency)
         return 0
-    finally:
-        for peer_process in peer_processes:
-            peer_process.terminate()
-            peer_process.wait(timeout=30)
-        for process in reversed(processes):
-            _stop(process)

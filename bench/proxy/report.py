@@ -1,8 +1,8 @@
-"""docs/proxy-report.md: what ``python -m bench.bench_proxy --report FILE`` measured, as markdown.
+"""docs/proxy-report.md: what ``python -m bench proxy --report FILE`` measured, as markdown.
 
 The report says what each figure is and how to read it; the design the figures check is in
 docs/gateway.md ("Performance"). Its one-off section is carried over when it is written again
-(``bench.bench_report``).
+(``bench.harness.report``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.bench_report import machine, run_date, table, write_report
+from bench.harness.report import machine, run_date, table, write_report
 
 CPU_TARGETS_MS = {"non-stream": 0.25, "stream paced 50 chunks / 5 ms": 2.5}
 """Gateway CPU per request the design allows on a 2-core machine, by scenario (docs/gateway.md)."""
@@ -77,7 +77,7 @@ def render(figures: ProxyFigures) -> list[str]:
     lines = [
         "# Proxy benchmark",
         "",
-        "Written by `python -m bench.bench_proxy --report FILE`. The design these figures check: "
+        "Written by `python -m bench proxy --report FILE`. The design these figures check: "
         "[gateway.md](gateway.md#performance).",
         "",
         f"{run_date()} · {machine()} · `{figures.command}`",

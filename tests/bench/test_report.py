@@ -3,8 +3,8 @@ the proxy report's parts."""
 
 from pathlib import Path
 
-from bench.bench_report import ONE_OFF_HEADING, table, write_report
-from bench.proxy_report import ProxyFigures, ScenarioFigures, render
+from bench.harness.report import ONE_OFF_HEADING, table, write_report
+from bench.proxy.report import ProxyFigures, ScenarioFigures, render
 
 
 def test_a_pipe_in_a_cell_does_not_end_it() -> None:
@@ -23,7 +23,7 @@ def test_a_regenerated_report_keeps_the_one_off_section_of_the_file_it_replaces(
 
 def test_the_proxy_report_shows_the_parts_measured_and_their_targets() -> None:
     figures = ProxyFigures(
-        "python -m bench.bench_proxy --report r.md",
+        "python -m bench proxy --report r.md",
         64,
         [ScenarioFigures("non-stream", 4000, 0.181, 3.02, 30.5, 5100.0, 8000.0)],
         access_log_us={"kvgate, json": 6.9},
