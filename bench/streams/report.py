@@ -1,20 +1,18 @@
-"""docs/streams.md and its plot, from ``bench.bench_streams``'s points.
+"""docs/streams.md and its plot, from the open streams benchmark's points.
 
 The table has one row per point; the plot shows, against the number of open streams, memory per
 stream, CPU per token and the event loop's lag p99 (points at the long-lived pacing only, so the
 lines say how each grows with N). Interpretation and comparisons across commits go under the
-one-off heading, which a rewrite keeps (``bench.bench_report``).
+one-off heading, which a rewrite keeps (``bench.harness.report``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bench.bench_report import machine, run_date, table, write_report
-
-if TYPE_CHECKING:
-    from bench.bench_streams import PointResult
+from bench.harness.report import machine, run_date, table, write_report
+from bench.streams.figures import PointResult
+from bench.streams.gateway_child import LAG_PERIOD_S
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -27,8 +25,6 @@ def write_streams_report(path: Path, results: list[PointResult], command: str, d
 
 
 def render(results: list[PointResult], command: str, descriptors: int, plot_name: str) -> list[str]:
-    from bench.bench_streams import LAG_PERIOD_S
-
     rows = []
     for r in results:
         g, n = r.gateway, r.point.streams
@@ -78,9 +74,9 @@ def render(results: list[PointResult], command: str, descriptors: int, plot_name
         "",
         "One gateway process (uvicorn on uvloop with the gateway's edge protocol, as `kvgate serve` runs "
         "it; admission and routing on, four replicas, capacities set so every stream is admitted) holds "
-        "N streams open at once. The replicas are `bench.paced_backend` (raw asyncio + httptools, "
+        "N streams open at once. The replicas are `bench.streams.backend` (raw asyncio + httptools, "
         "one timer per token, ~200-byte vLLM-shaped chunks, usage chunk and `[DONE]` at the end); the "
-        "clients are `bench.stream_driver` processes on raw sockets. Streams open at a fixed rate; "
+        "clients are `bench.streams.driver` processes on raw sockets. Streams open at a fixed rate; "
         "once all are open and settled a steady window is measured. Each point runs straight to the "
         "replicas first (the `direct` column: what the drivers and replicas add on their own), then "
         "through a fresh gateway.",

@@ -1,4 +1,4 @@
-"""One driver process of ``bench.bench_streams``: opens its share of streams and holds them.
+"""One driver process of the open streams benchmark: opens its share of streams and holds them.
 
 Raw asyncio protocols on uvloop, one connection per stream, no HTTP client library, so that
 thousands of open streams cost the driver little beside the gateway it measures. Streams are

@@ -8,7 +8,7 @@ does) and ``[DONE]``. ``GET /health`` is 200; any other GET is 404. One timer pe
 and no task, no coroutine: the simulator's engine model would cost more per token than the gateway
 being measured.
 
-    python -m bench.paced_backend PORT[,PORT...]
+    python -m bench.streams.backend PORT[,PORT...]
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import sys
 
 import orjson
 
-from bench.raw_http import RequestProtocol
+from bench.harness.raw_http import RequestProtocol
 
 ITL_HEADER = b"x-bench-itl-ms"
 _HEAD = (
