@@ -43,8 +43,9 @@ import orjson
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench import peers, routing_traces
+from bench import peers
 from bench.processes import processes
+from bench.routing_lab import traces
 from kvgate.loadtest.client import RequestRecord, RetryPolicy, wait_until_ok
 from kvgate.loadtest.compare import ratios, run_compare, summaries_for
 from kvgate.loadtest.report import Slo, Summary, class_table, percentile
@@ -398,7 +399,7 @@ async def bench(args: argparse.Namespace) -> None:
     if args.trace == "mixed":
         trace = build_trace(workload(args.rate, args.duration_s, slo.ttft_s, slo.itl_s), args.seed)
     else:
-        trace = routing_traces.TRACES[args.trace].trace(args.seed)
+        trace = traces.TRACES[args.trace].trace(args.seed)
     classes: dict[str, int] = {}
     for request in trace.requests:
         classes[request.class_name] = classes.get(request.class_name, 0) + 1
@@ -481,10 +482,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--trace",
-        choices=("mixed", *routing_traces.TRACES),
+        choices=("mixed", *traces.TRACES),
         default="mixed",
         help="mixed (default: this module's trace, set by --rate and --duration-s) or one of "
-        "bench.routing_traces (its own rate, duration, fleet shape and SLO replace those options)",
+        "bench.routing_lab.traces (its own rate, duration, fleet shape and SLO replace those options)",
     )
     parser.add_argument(
         "--max-num-seqs", type=int, default=256, help="sequence slots per replica (default 256)"
@@ -527,7 +528,7 @@ def main() -> None:
     parser.add_argument("--fleet-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trace != "mixed":
-        chosen = routing_traces.TRACES[args.trace]
+        chosen = traces.TRACES[args.trace]
         args.rate, args.duration_s = chosen.rate_rps, chosen.duration_s
         args.slo_ttft_s, args.slo_itl_s = chosen.slo_ttft_s, chosen.slo_itl_s
         args.replicas = chosen.replicas

@@ -1,38 +1,14 @@
-"""Routing policies replayed on the simulator's own engines in simulated time: no sockets, no noise.
-
-A real benchmark of a routing policy (``bench.bench_goodput``) takes minutes of wall time on
-shared cores and its numbers move between runs. The lab plays the same kind of trace through the
-real ``Router`` in front of the simulator's ``Engine`` (vLLM's continuous batching with chunked
-prefill, a prefix cache and preemption, stepped by the profile's roofline) on one virtual clock, so
-a policy change is judged in seconds and the same inputs always give the same numbers.
-
-What the router sees is what the gateway would: ``ReplicaView``s from the lab's own ledger (prompt
-tokens still waiting for a first token, resident sequences, decode tokens they may still produce,
-worst-case KV reserved), updated at every decision, plus a ``/metrics``-like scrape of each engine
-every ``scrape_every_s``. Prompts are rendered and tokenised as the simulator does, so the router's
-block hashes and the engines' prefix cache agree. With ``admission`` on, a request the router finds
-no room for waits at the gateway and is offered again, in arrival order, whenever a sequence
-finishes or another request arrives (a newcomer that still fits once the queue had its turn goes
-at once, as kvgate's queue walk lets it; the queue has no deadlines here); a request that waited longer than
-``max_queue_wait_s`` is refused. A request may be held for the full replica holding its prefix
-(``routing.prefix_hold_s``, within half that wait), as the gateway's dispatcher does. With admission
-off, every request is routed at once without the room filter (as a router without admission, and
-as kvgate with ``admission.enabled: false``): the engines queue and preempt.
-
-    python -m bench.routing_lab [--trace below|overload|many-prefix] [--policies kvgate,...]
-"""
+"""One trace through one fleet of the simulator's engines behind the real router, on a virtual clock
+(the lab itself: see the package's docstring)."""
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import heapq
 import random
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.routing_traces import TRACES, LabTrace
 from kvgate.admission.cost import CostEstimate
 from kvgate.admission.ledger import InMemoryLedger
 from kvgate.admission.tokenizer import ChatTemplate, TiktokenTokenizer
@@ -41,7 +17,7 @@ from kvgate.loadtest.workload import Trace
 from kvgate.routing.request import RoutingRequest
 from kvgate.routing.router import Router
 from kvgate.sim.engine import Engine, EngineRequest, StepResult
-from kvgate.sim.profile import Profile, resolve_profile
+from kvgate.sim.profile import Profile
 from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
 from kvgate.vocabulary.sharing import NOTHING_SHARED
 
@@ -290,98 +266,3 @@ def _deliver(replica: _Replica, result: StepResult, ledger: InMemoryLedger) -> b
 
 def _done(sequence: EngineRequest) -> bool:
     return sequence.finish_reason is not None
-
-
-def percentile(values: Iterable[float], q: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def print_results(results: Sequence[LabResult], trace: LabTrace) -> None:
-    ttft_slo, itl_slo = trace.slo_ttft_s, trace.slo_itl_s
-    classes = sorted({o.request.class_name for o in results[0].outcomes})
-    print(
-        f"{'policy':<16} {'good %':>7} {'refused':>7} {'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} "
-        f"{'hit':>6} {'preempt':>7}  " + " ".join(f"{c[:10]:>10}" for c in classes)
-    )
-    for result in results:
-        served = [o for o in result.outcomes if not o.refused]
-        ttft = [o.ttft_s for o in served if o.ttft_s is not None]
-        itl = [o.mean_itl_s for o in served if o.mean_itl_s is not None]
-        p50, p95, itl95 = percentile(ttft, 0.5), percentile(ttft, 0.95), percentile(itl, 0.95)
-        per_class = " ".join(f"{100 * result.good_share(ttft_slo, itl_slo, c):>9.1f}%" for c in classes)
-        print(
-            f"{result.policy:<16} {100 * result.good_share(ttft_slo, itl_slo):>6.1f}% "
-            f"{len(result.outcomes) - len(served):>7} {p50 or 0:>9.3f} {p95 or 0:>9.3f} "
-            f"{1000 * (itl95 or 0):>10.1f} {result.hit_ratio:>6.3f} {result.preemptions:>7}  {per_class}"
-        )
-    print("sequence slot-seconds of the served requests (prefill: routed to first token; decode: the rest)")
-    for result in results:
-        prefill_s, decode_s = slot_seconds(result)
-        share = prefill_s / (prefill_s + decode_s) if prefill_s + decode_s else 0.0
-        print(
-            f"{result.policy:<16} prefill {prefill_s:>7.0f} s  decode {decode_s:>7.0f} s  "
-            f"prefill share {share:.3f}"
-        )
-
-
-def slot_seconds(result: LabResult) -> tuple[float, float]:
-    """Sequence-slot time the served requests held in prefill and in decode.
-
-    When the fleet is bound by its sequence slots (what keeps more requests from being admitted is
-    ``max_num_seqs``, not KV or compute), a router can raise goodput only by shortening this time,
-    and the prefill share is the most that prefix hits could save."""
-    prefill_s = decode_s = 0.0
-    for outcome in result.outcomes:
-        if outcome.routed_s is None or outcome.first_token_s is None or outcome.last_token_s is None:
-            continue
-        prefill_s += outcome.first_token_s - outcome.routed_s
-        decode_s += outcome.last_token_s - outcome.first_token_s
-    return prefill_s, decode_s
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--trace", choices=sorted(TRACES), default="below")
-    parser.add_argument("--policies", default="kvgate,round_robin,least_request")
-    parser.add_argument("--admission", choices=("on", "off"), default="on")
-    parser.add_argument("--rate", type=float, help="offered requests/s (default: the trace's)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-wait-s", type=float, default=2.0, help="longest gateway wait (default 2)")
-    parser.add_argument("--max-num-seqs", type=int, help="sequence slots per replica (default: the trace's)")
-    parser.add_argument("--kv-tokens", type=int, help="KV tokens per replica (default: the trace's)")
-    args = parser.parse_args()
-    trace = TRACES[args.trace]
-    if args.rate:
-        trace = dataclasses.replace(trace, rate_rps=args.rate)
-    overrides = dict(trace.profile_overrides)
-    if args.max_num_seqs:
-        overrides["max_num_seqs"] = args.max_num_seqs
-    if args.kv_tokens:
-        overrides["kv_capacity_tokens"] = args.kv_tokens
-    trace = dataclasses.replace(trace, profile_overrides=overrides)
-    requests = lab_requests(trace.trace(args.seed))
-    profile = resolve_profile(overrides=trace.profile_overrides)
-    print(
-        f"{trace.name}: {len(requests)} requests, {trace.replicas} replicas "
-        f"(KV {profile.kv_capacity_tokens} tokens, {profile.max_num_seqs} sequences each); "
-        f"SLO TTFT {trace.slo_ttft_s:g} s, mean ITL {1000 * trace.slo_itl_s:g} ms"
-    )
-    results = [
-        play(
-            requests,
-            RoutingConfig.model_validate({"policy": name, "warmup_s": 0}),
-            profile,
-            trace.replicas,
-            admission=args.admission == "on",
-            max_queue_wait_s=args.max_wait_s,
-        )
-        for name in args.policies.split(",")
-    ]
-    print_results(results, trace)
-
-
-if __name__ == "__main__":
-    main()

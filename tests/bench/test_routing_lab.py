@@ -1,9 +1,9 @@
 """Routing alone (no admission), replayed on the simulator's engines: each scorer earns its place.
 
-``bench.routing_lab`` plays one trace through the real router in front of the simulator's
+``python -m bench routing_lab`` plays one trace through the real router in front of the simulator's
 ``Engine``s (continuous batching, chunked prefill, prefix cache, preemption) on a virtual clock, so
 every number here is a deterministic function of the trace and the policy. The trace is the
-``below`` trace of ``bench.routing_traces`` at 18 requests/s for 40 s (shared system prompts,
+``below`` trace of ``bench.routing_lab.traces`` at 18 requests/s for 40 s (shared system prompts,
 chats, long documents, long generations on four replicas of 50,000 KV tokens and 16 slots): about
 as much as the fleet carries, where routing, not shedding, decides who meets the SLO.
 Assertions compare policies, never wall-clock time.
@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
-from bench.routing_lab import LabResult, lab_requests, percentile, play, slot_seconds
-from bench.routing_traces import TRACES
+from bench.routing_lab.__main__ import main
+from bench.routing_lab.replay import LabResult, lab_requests, play
+from bench.routing_lab.table import percentile, slot_seconds
+from bench.routing_lab.traces import TRACES
 from kvgate.config.routing import RoutingConfig
 from kvgate.sim.profile import resolve_profile
 
@@ -85,3 +88,15 @@ def test_slot_seconds_split_each_served_request_at_its_first_token(results: dict
     assert prefill_s + decode_s == pytest.approx(sum(o.last_token_s - o.routed_s for o in served))
     routed_first = [o for o in served if o.first_token_s is not None]
     assert prefill_s == pytest.approx(sum(o.first_token_s - o.routed_s for o in routed_first))
+
+
+def test_the_command_line_prints_a_row_per_policy_and_the_slot_seconds(tmp_path: Path) -> None:
+    args = ["--trace", "overload", "--duration-s", "4", "--policies", "kvgate,round_robin"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    printed = (tmp_path / "output.txt").read_text().splitlines()
+    assert (
+        printed[0].startswith("overload: ")
+        and "4 replicas (KV 50000 tokens, 16 sequences each)" in printed[0]
+    )
+    assert [line.split()[0] for line in printed[2:4]] == ["kvgate", "round_robin"]
+    assert [line.split()[:2] for line in printed[5:7]] == [["kvgate", "prefill"], ["round_robin", "prefill"]]
