@@ -1,16 +1,19 @@
 """Autoscaling in closed loop on the simulator's engines: deterministic, and the oracle is a floor.
 
-``bench.autoscale_lab`` plays a seeded trace through a fleet of the simulator's ``Engine``s behind
-kvgate's router and queue, resized every 15 s by a scaler, on one virtual clock, so every number is
-a function of the trace, the seed and the scaler. The ``small`` scenario is a 4x burst of a mix of
-chats, documents and generations over 4.5 minutes. Assertions compare scalers with each other and
-with the oracle, never with wall-clock time.
+``python -m bench autoscale_lab`` plays a seeded trace through a fleet of the simulator's
+``Engine``s behind kvgate's router and queue, resized every 15 s by a scaler, on one virtual clock,
+so every number is a function of the trace, the seed and the scaler. The ``small`` scenario is a 4x
+burst of a mix of chats, documents and generations over 4.5 minutes. Assertions compare scalers with
+each other and with the oracle, never with wall-clock time.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from bench.autoscale_lab.__main__ import main
 from bench.autoscale_lab.compare import ScenarioResult, good_ratio, present_only, run_scenario
 from bench.autoscale_lab.measures import scenario_measures
 from bench.autoscale_lab.oracle import WINDOW_S
@@ -71,3 +74,11 @@ def test_the_oracles_schedule_asked_for_without_its_lead_meets_less_of_the_slo(
     ]
     assert good_ratio(bound.run) < good_ratio(oracle)
     assert bound.run.replica_seconds <= oracle.replica_seconds
+
+
+def test_the_command_line_prints_the_table_against_the_oracle_and_plots_into_out(tmp_path: Path) -> None:
+    assert main(["--scenario", "small", "--policies", "request_rate", "--out", str(tmp_path)]) == 0
+    printed = (tmp_path / "output.txt").read_text().splitlines()
+    rows = [line.split()[0] for line in printed if line.startswith(("  oracle ", "  request_rate "))]
+    assert rows == ["oracle", "request_rate"]
+    assert (tmp_path / "autoscale-lab-small.png").stat().st_size > 0
