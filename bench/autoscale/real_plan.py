@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.bench_autoscale.scenario import MIN_REPLICAS
+from bench.autoscale.scenario import MIN_REPLICAS
+from bench.harness.gateway_config import Model, Pool, gateway_config
 from kvgate.autoscaler.policy import Recommendation
 from kvgate.loadtest.workload import Workload, parse_workload
 
@@ -67,17 +68,18 @@ def scaled_policy(plan: RealPlan) -> dict[str, Any]:
     }
 
 
-def gateway_yaml(plan: RealPlan, replica_urls: list[str], port: int) -> dict[str, Any]:
-    return {
-        "server": {"port": port, "admin_token": ADMIN_TOKEN},
-        "health": {"interval_s": 1.0, "timeout_s": 1.0},
-        "routing": {"warmup_s": 30.0 / SCALE_RATIO},
-        "models": [
-            {"name": REAL_MODEL, "max_model_len": 131072, "kv_bytes_per_token": REAL_KV_BYTES_PER_TOKEN}
-        ],
-        "pools": [{"name": "default", "replicas": replica_urls, "kv_capacity_tokens": 420_000}],
-        "autoscaler": scaled_policy(plan),
-    }
+def gateway(plan: RealPlan, replica_urls: list[str], port: int) -> dict[str, Any]:
+    """One pool of the profile's replicas, the admin API the actuator resizes it through, and the
+    autoscaler section, so the gateway runs the policy on its own ``/signals``."""
+    return gateway_config(
+        Pool(replica_urls, kv_capacity_tokens=420_000),
+        port=port,
+        model=Model(REAL_MODEL, kv_bytes_per_token=REAL_KV_BYTES_PER_TOKEN),
+        server={"admin_token": ADMIN_TOKEN},
+        health={"interval_s": 1.0, "timeout_s": 1.0},
+        routing={"warmup_s": 30.0 / SCALE_RATIO},
+        autoscaler=scaled_policy(plan),
+    )
 
 
 def real_workloads(plan: RealPlan) -> list[Workload]:

@@ -6,9 +6,9 @@ import collections
 import itertools
 from typing import Any
 
-from bench.bench_autoscale.real_loop import RealRun
-from bench.bench_autoscale.real_plan import SCALE_RATIO
-from bench.bench_autoscale.scenario import MIN_REPLICAS, pct
+from bench.autoscale.real_loop import RealRun
+from bench.autoscale.real_plan import SCALE_RATIO
+from bench.autoscale.scenario import MIN_REPLICAS, pct
 
 
 def real_figures(run: RealRun) -> dict[str, Any]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -12,9 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import yaml
 
-from bench.bench_autoscale.real_plan import (
+from bench.autoscale.real_plan import (
     ADMIN_TOKEN,
     REAL_MODEL,
     REAL_PROFILE,
@@ -22,19 +19,27 @@ from bench.bench_autoscale.real_plan import (
     RealBrain,
     RealPlan,
     baseline_real_capacity_rps,
-    gateway_yaml,
+    gateway,
     kvgate_brain,
     real_workloads,
     request_rate_brain,
 )
-from bench.bench_autoscale.scenario import MIN_REPLICAS, UTILIZATION_TARGET
+from bench.autoscale.scenario import MIN_REPLICAS, UTILIZATION_TARGET
+from bench.harness.fleet import SimSpec, start_sim
+from bench.harness.gateway import start_gateway
+from bench.harness.metrics import scrape
+from bench.harness.processes import children
 from kvgate.autoscaler.actuators import SimActuator
 from kvgate.autoscaler.loop import fetch_signals
-from kvgate.loadtest.client import RequestRecord, wait_until_ok
+from kvgate.loadtest.client import RequestRecord
 from kvgate.loadtest.runner import RunOptions, Target
 from kvgate.loadtest.runner import run as runner_run
 from kvgate.loadtest.workload import build_trace
 from kvgate.sim.ports import free_ports
+
+LAG = "kvgate_sim_lag_ratio"
+SPARE_PORTS = 9
+"""Ports kept free after the simulator's first replicas, for every one the actuator adds."""
 
 
 @dataclass(slots=True)
@@ -52,34 +57,22 @@ class RealRun:
     sim_lag_ratio: float | None = None
 
 
-async def run_real(name: str, brain_name: str, plan: RealPlan, workdir: Path) -> RealRun:
-    """One closed-loop run: fleet, gateway, actuator loop and load, all real processes and sockets."""
-    kvgate = str(Path(sys.executable).with_name("kvgate"))
-    sim_port = free_ports(12)
-    control_port = sim_port + 11
-    gateway_port = free_ports()
-    sim_cmd = [
-        kvgate, "sim", "--replicas", str(MIN_REPLICAS), "--port", str(sim_port),
-        "--control-port", str(control_port), "--profile", REAL_PROFILE, "--model", REAL_MODEL,
-        "--cold-start-s", "0", "--seed", str(plan.seed),
-    ]  # fmt: skip
-    urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(MIN_REPLICAS)]
-    config_path = workdir / f"{name}-gateway.yaml"
-    config_path.write_text(yaml.safe_dump(gateway_yaml(plan, urls, gateway_port)))
-    gateway_cmd = [kvgate, "serve", "--config", str(config_path), "--log-level", "warning"]
-    logs = [open(workdir / f"{name}-{part}.log", "wb") for part in ("sim", "gateway")]  # noqa: SIM115
-    procs = [
-        subprocess.Popen(sim_cmd, stdout=logs[0], stderr=subprocess.STDOUT),
-        subprocess.Popen(gateway_cmd, stdout=logs[1], stderr=subprocess.STDOUT),
-    ]
-    control_url = f"http://127.0.0.1:{control_port}"
-    gateway_url = f"http://127.0.0.1:{gateway_port}"
+async def run_real(name: str, brain_name: str, plan: RealPlan, out: Path) -> RealRun:
+    """One closed-loop run: fleet, gateway, actuator loop and load, all real processes and sockets;
+    the gateway's config and both processes' logs go into ``out``."""
     run = RealRun(name, plan)
-    try:
+    with children() as started:
+        spec = SimSpec(MIN_REPLICAS, REAL_PROFILE, REAL_MODEL, seed=plan.seed, spare_ports=SPARE_PORTS)
+        sim = start_sim(started, spec, output=out / f"{name}-sim.log")
+        config = gateway(plan, list(sim.urls), free_ports())
+        served = start_gateway(
+            started, config, out / f"{name}-gateway.yaml", output=out / f"{name}-gateway.log"
+        )
+        control_url, gateway_url = sim.control_url, served.url
         traces = [build_trace(w, plan.seed, salt=i) for i, w in enumerate(real_workloads(plan))]
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
-            await wait_until_ok(session, f"{control_url}/replicas")
-            await wait_until_ok(session, f"{gateway_url}/readyz")
+            await sim.ready(session)
+            await served.ready(session)
             actuator = SimActuator(
                 session,
                 {"default": control_url},
@@ -113,16 +106,6 @@ async def run_real(name: str, brain_name: str, plan: RealPlan, workdir: Path) ->
                 run.records += [(offset_s + r.sent_at_s, r) for r in result.records]
             run.records.sort(key=lambda item: item[0])
             run.sim_lag_ratio = await _sim_lag_ratio(session, control_url)
-    finally:
-        for proc in reversed(procs):
-            proc.send_signal(signal.SIGTERM)
-        for proc in reversed(procs):
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
     return run
 
 
@@ -163,14 +146,10 @@ async def _sim_lag_ratio(session: aiohttp.ClientSession, control_url: str) -> fl
     """The worst replica's ``kvgate_sim_lag_ratio``: above 0.05 the simulator fell behind."""
     async with session.get(f"{control_url}/replicas") as response:
         replicas = (await response.json())["replicas"]
-    worst: float | None = None
-    for replica in replicas:
-        if replica["state"] != "ready":
-            continue
-        async with session.get(f"{replica['url']}/metrics") as response:
-            text = await response.text()
-        for line in text.splitlines():
-            if line.startswith("kvgate_sim_lag_ratio"):
-                value = float(line.rsplit(" ", 1)[1])
-                worst = value if worst is None else max(worst, value)
-    return worst
+    ratios = [
+        value
+        for replica in replicas
+        if replica["state"] == "ready"
+        for value in (await scrape(session, replica["url"], (LAG,))).values(LAG)
+    ]
+    return max(ratios, default=None)

@@ -15,7 +15,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from bench.bench_autoscale.scenario import p95
+from bench.autoscale.scenario import p95
 from kvgate.autoscaler.signals import PoolSignals
 from kvgate.vocabulary.replica import Role
 

@@ -8,7 +8,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from bench.bench_autoscale.fluid_fleet import (
+from bench.autoscale.fluid_fleet import (
     BURST,
     INTERVAL_S,
     MAX_REPLICAS,
@@ -18,7 +18,7 @@ from bench.bench_autoscale.fluid_fleet import (
     baseline_capacity_rps,
     trace,
 )
-from bench.bench_autoscale.scenario import MIN_REPLICAS, UTILIZATION_TARGET, pct
+from bench.autoscale.scenario import MIN_REPLICAS, UTILIZATION_TARGET, pct
 from kvgate.autoscaler.policy import Autoscaler
 from kvgate.autoscaler.signals import PoolSignals
 from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy

@@ -10,8 +10,9 @@ runs the policy on its own ``/signals`` and publishes ``desired_replicas``), the
 gateway's replica set through ``PUT /admin/pools/default/replicas``. Every policy duration (windows,
 interval, stabilisation, cold start, ramp) is the seed's divided by ``SCALE_RATIO``; latency targets
 are not scaled. A second run replaces the gateway's answer with an HPA-style scaler on ingress
-requests/s, its target 0.75 x what one replica sustains at the normal mix. Prints the figures and
-writes both runs on one PNG.
+requests/s, its target 0.75 x what one replica sustains at the normal mix. Prints the figures,
+writes them as ``figures.json`` and both runs on one PNG (``real.png``) into ``--out``, with each
+run's gateway config and logs.
 
 ``--mode model`` runs a token-level fluid model of the fleet on a manual clock instead (0.1 s
 ticks, unscaled 120 s cold start, a 20-minute burst): kvgate's admission queue in front, routing to
@@ -19,8 +20,8 @@ the replica with the most KV room, reservations of ``prompt + max_output`` token
 replica's KV capacity, chunked prefill at a fixed token rate, and decode whose inter-token latency
 grows with the batch. Three scalers see the same seeded trace: ``work`` (the policy with the
 model's prefill capacity), ``conjunction`` (the policy without capacity figures, the shipped
-default) and ``requests`` (HPA-style on requests/s over 60 s against the baseline-mix target).
-Not a test: numbers only.
+default) and ``requests`` (HPA-style on requests/s over 60 s against the baseline-mix target);
+their plot is ``model.png``. Not a test: numbers only.
 
-    .venv/bin/python -m bench.bench_autoscale [--mode real|model] [--out autoscale.png]
+    python -m bench autoscale [--mode real|model] [--out DIR] [--png FILE]
 """

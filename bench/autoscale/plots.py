@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from bench.bench_autoscale.fluid_fleet import BURST
-from bench.bench_autoscale.model_mode import Timeline
-from bench.bench_autoscale.real_loop import RealRun
-from bench.bench_autoscale.real_plan import REAL_PROFILE, SCALE_RATIO
-from bench.bench_autoscale.scenario import p95
+from bench.autoscale.fluid_fleet import BURST
+from bench.autoscale.model_mode import Timeline
+from bench.autoscale.real_loop import RealRun
+from bench.autoscale.real_plan import REAL_PROFILE, SCALE_RATIO
+from bench.autoscale.scenario import p95
 
 
-def plot(runs: dict[str, Timeline], path: str) -> None:
+def plot(runs: dict[str, Timeline], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -74,7 +75,7 @@ def client_ttft_p95(run: RealRun, bin_s: float = 5.0) -> tuple[list[float], list
     return [(k + 0.5) * bin_s for k in keys], [p95(bins[k]) or 0.0 for k in keys]
 
 
-def plot_real(runs: list[RealRun], path: str) -> None:
+def plot_real(runs: list[RealRun], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
