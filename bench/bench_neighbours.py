@@ -41,8 +41,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.bench_tokenize import make_prompt
 from bench.processes import processes
+from bench.tokenize import make_prompt
 from kvgate.loadtest.client import wait_until_ok
 from kvgate.sim.ports import free_ports
 

@@ -14,25 +14,27 @@ work). Each runs with a prompt of words (cuttable into exact runs) and one of a 
 BPE piece, as a hostile client would send). It prints the process's CPU seconds from the first
 request until the work has settled: the tokenisation the gateway did for nothing. It uses only the
 gateway's public seams, so the same file measures an older checkout
-(``cd old && PYTHONPATH=$PWD python /path/to/bench_tokenize.py --scenario abuse``).
+(``cd old && PYTHONPATH=$PWD:/path/to/this/checkout python -m bench tokenize --scenario abuse``).
 
-Run: ``python -m bench.bench_tokenize [--scenario all|stall|abuse] [--size-mb 1] [--repeat 3]
+Run: ``python -m bench tokenize [--scenario all|stall|abuse] [--size-mb 1] [--repeat 3]
 [--loop asyncio|uvloop] [--abuse-mb 8]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import concurrent.futures
 import random
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import httpx
 
+from bench.harness.cli import benchmark_parser, recorded
+from bench.harness.gateway_config import Model, Pool, gateway_config
 from kvgate.admission.tokenizer import BytesEstimateTokenizer, TiktokenTokenizer, Tokenizer
 from kvgate.config.loader import parse_config
 from kvgate.gateway.edge.server import running_gateway
@@ -147,16 +149,8 @@ async def _settled_cpu_s(start_cpu_s: float) -> float:
 
 async def _abuse(prompt: str, clients: int, window_tokens: int, timeout_s: float) -> tuple[str, float, float]:
     """Send ``clients`` copies of ``prompt`` at once; the outcomes, wall and CPU seconds spent."""
-    model = {"name": DEFAULT_MODEL, "max_model_len": window_tokens, "kv_bytes_per_token": 131072}
     async with SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet:
-        config = parse_config(
-            {
-                "server": {"port": 0},
-                "models": [model],
-                "pools": [{"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": 450000}],
-            },
-            {},
-        )
+        config = parse_config(gateway_config(Pool(fleet.urls), model=Model(max_model_len=window_tokens)), {})
         async with (
             running_gateway(config) as gw,
             httpx.AsyncClient(base_url=gw.url, timeout=timeout_s) as http,
@@ -206,30 +200,33 @@ def _run(loop: str, work: Coroutine[Any, Any, Any]) -> Any:
     return asyncio.run(work)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser("tokenize", __doc__)
     parser.add_argument("--scenario", choices=("all", "stall", "abuse"), default="all")
     parser.add_argument("--size-mb", type=float, default=1.0, help="stall: prompt size (MiB)")
     parser.add_argument("--repeat", type=int, default=3, help="stall: runs per mode")
     parser.add_argument("--loop", choices=("asyncio", "uvloop"), default="uvloop")
     parser.add_argument("--abuse-mb", type=float, default=8.0, help="abuse: prompt size (MB, 10^6 bytes)")
-    args = parser.parse_args()
-    if args.scenario in ("all", "stall"):
-        prompt = make_prompt(int(args.size_mb * 1024 * 1024))
-        print(
-            f"prompt: {len(prompt.encode()) / 1024 / 1024:.2f} MiB, {len(prompt)} characters; "
-            f"loop: {args.loop}"
-        )
-        tokenizers: list[Tokenizer] = [TiktokenTokenizer.from_name(), BytesEstimateTokenizer(4.0)]
-        for tokenizer in tokenizers:
-            tokenizer.count("warm up")
-            _report(
-                f"tokenizer: {tokenizer.name}", _run(args.loop, _scenarios(tokenizer, prompt, args.repeat))
+    args = parser.parse_args(argv)
+    with recorded(args.out):
+        if args.scenario in ("all", "stall"):
+            prompt = make_prompt(int(args.size_mb * 1024 * 1024))
+            print(
+                f"prompt: {len(prompt.encode()) / 1024 / 1024:.2f} MiB, {len(prompt)} characters; "
+                f"loop: {args.loop}"
             )
-    if args.scenario in ("all", "abuse"):
-        size_bytes = int(args.abuse_mb * 1e6)
-        _report_abuse(size_bytes, _run(args.loop, _abuse_scenarios(size_bytes)))
+            tokenizers: list[Tokenizer] = [TiktokenTokenizer.from_name(), BytesEstimateTokenizer(4.0)]
+            for tokenizer in tokenizers:
+                tokenizer.count("warm up")
+                _report(
+                    f"tokenizer: {tokenizer.name}",
+                    _run(args.loop, _scenarios(tokenizer, prompt, args.repeat)),
+                )
+        if args.scenario in ("all", "abuse"):
+            size_bytes = int(args.abuse_mb * 1e6)
+            _report_abuse(size_bytes, _run(args.loop, _abuse_scenarios(size_bytes)))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
