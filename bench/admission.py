@@ -12,27 +12,28 @@ the Retry-After error: median of (first token of the request that finally got in
 minus the first ``retry-after-ms``; positive means the hint was too short. Errors are non-200/429
 answers and dropped connections (each printed), counted rather than ending the run. Not a test.
 
-    python -m bench.bench_admission [--duration-s 20] [--overload 2.0] [--replicas 2]
+    python -m bench admission [--duration-s 20] [--overload 2.0] [--replicas 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
-import yaml
 
-from kvgate.loadtest.client import wait_until_ok
+from bench.harness.cli import benchmark_parser, recorded
+from bench.harness.fleet import SimSpec, serve_sim
+from bench.harness.gateway import serve_gateway
+from bench.harness.gateway_config import Pool, gateway_config
+from bench.harness.metrics import scrape_all
+from bench.harness.processes import children
 from kvgate.sim.ports import free_ports
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -40,7 +41,7 @@ KV_CAPACITY_TOKENS = 20000
 MAX_NUM_SEQS = 64
 MAX_TOKENS = 200
 PROMPT_WORDS = 300
-KVGATE = os.path.join(os.path.dirname(sys.executable), "kvgate")
+PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 @dataclass(slots=True)
@@ -61,14 +62,7 @@ class Phase:
 
 
 async def _preemptions(session: aiohttp.ClientSession, urls: list[str]) -> float:
-    total = 0.0
-    for url in urls:
-        async with session.get(url + "/metrics") as response:
-            text = await response.text()
-        total += sum(
-            float(v) for v in re.findall(r"^vllm:num_preemptions_total(?:\{[^}]*\})? (\S+)$", text, re.M)
-        )
-    return total
+    return (await scrape_all(session, urls, (PREEMPTIONS,))).sum(PREEMPTIONS)
 
 
 async def _one(session: aiohttp.ClientSession, url: str, prompt: str, retries: int) -> Outcome:
@@ -118,20 +112,12 @@ async def _attempts(
 def _config(
     replica_urls: list[str], port: int, admission: bool, max_queue_wait_s: float
 ) -> dict[str, object]:
-    return {
-        "server": {"host": "127.0.0.1", "port": port},
-        "health": {"interval_s": 0.5},
-        "models": [{"name": MODEL, "max_model_len": 131072, "kv_bytes_per_token": 131072}],
-        "pools": [
-            {
-                "name": "default",
-                "replicas": replica_urls,
-                "kv_capacity_tokens": KV_CAPACITY_TOKENS,
-                "max_sequences": MAX_NUM_SEQS,
-            }
-        ],
-        "admission": {"enabled": admission, "max_queue_wait_s": max_queue_wait_s},
-    }
+    return gateway_config(
+        Pool(replica_urls, kv_capacity_tokens=KV_CAPACITY_TOKENS, max_sequences=MAX_NUM_SEQS),
+        port=port,
+        health={"interval_s": 0.5},
+        admission={"enabled": admission, "max_queue_wait_s": max_queue_wait_s},
+    )
 
 
 async def _phase(
@@ -142,22 +128,19 @@ async def _phase(
     prompts: list[str],
     retries: int,
     max_queue_wait_s: float,
+    out: Path,
 ) -> Phase:
-    port = free_ports()
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(_config(replica_urls, port, admission, max_queue_wait_s), f)
-    gateway = subprocess.Popen(
-        [KVGATE, "serve", "--config", f.name],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    """The schedule through a fresh gateway in front of ``replica_urls``."""
     phase = Phase(name)
-    url = f"http://127.0.0.1:{port}"
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=600)
-    try:
+    config = _config(replica_urls, free_ports(), admission, max_queue_wait_s)
+    with children() as started:
         async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-            await wait_until_ok(session, url + "/readyz")
+            gateway = await serve_gateway(
+                started, session, config, out / f"gateway-{name.replace(' ', '-')}.yaml"
+            )
+            url = gateway.url
             before = await _preemptions(session, replica_urls)
             start = time.monotonic()
             tasks = []
@@ -168,10 +151,6 @@ async def _phase(
                 tasks.append(asyncio.create_task(_one(session, url, prompt, retries)))
             phase.outcomes = list(await asyncio.gather(*tasks))
             phase.preemptions = await _preemptions(session, replica_urls) - before
-    finally:
-        gateway.terminate()
-        gateway.wait(10)
-        os.unlink(f.name)
     return phase
 
 
@@ -203,68 +182,54 @@ def _report(phase: Phase) -> str:
     )
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser("admission", __doc__)
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--overload", type=float, default=2.0)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--retries", type=int, default=3)
     parser.add_argument("--max-queue-wait-s", type=float, default=2.0, help="admission.max_queue_wait_s")
     parser.add_argument("--itl-s", type=float, default=0.012, help="assumed decode step at full batch")
-    args = parser.parse_args()
+    parser.add_argument("--time-scale", type=float, default=1.0, help="the simulator's (default 1)")
+    args = parser.parse_args(argv)
+    with recorded(args.out):
+        asyncio.run(run(args))
+    return 0
+
+
+async def run(args: argparse.Namespace) -> None:
+    """The same arrivals through kvgate with admission on, then off, in front of one fleet."""
+    replicas, overload, duration_s, out = args.replicas, args.overload, args.duration_s, args.out
     kv_tokens = PROMPT_WORDS + MAX_TOKENS
-    resident = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // kv_tokens) * args.replicas
+    resident = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // kv_tokens) * replicas
     capacity_per_s = resident / (MAX_TOKENS * args.itl_s)
-    rate_per_s = args.overload * capacity_per_s
+    rate_per_s = overload * capacity_per_s
     rng = random.Random(0)
     arrivals_s: list[float] = []
     t = 0.0
-    while t < args.duration_s:
+    while t < duration_s:
         t += rng.expovariate(rate_per_s)
         arrivals_s.append(t)
     prompts = [" ".join(f"w{rng.randrange(10**6)}" for _ in range(PROMPT_WORDS // 3)) for _ in arrivals_s]
-    sim_port = free_ports(args.replicas + 1)
-    sim = subprocess.Popen(
-        [
-            KVGATE,
-            "sim",
-            "--replicas",
-            str(args.replicas),
-            "--port",
-            str(sim_port),
-            "--kv-capacity-tokens",
-            str(KV_CAPACITY_TOKENS),
-            "--max-num-seqs",
-            str(MAX_NUM_SEQS),
-            "--cold-start-s",
-            "0",
-            "--control-port",
-            str(sim_port + args.replicas),
-        ],
+    spec = SimSpec(
+        replicas, kv_capacity_tokens=KV_CAPACITY_TOKENS, max_num_seqs=MAX_NUM_SEQS, time_scale=args.time_scale
     )
-    replica_urls = [f"http://127.0.0.1:{sim_port + i}" for i in range(args.replicas)]
-    try:
+    with children() as started:
         async with aiohttp.ClientSession() as session:
-            for url in replica_urls:
-                await wait_until_ok(session, url + "/health")
+            replica_urls = list((await serve_sim(started, session, spec, output=None)).urls)
         print(
-            f"{args.replicas} simulated replicas (KV {KV_CAPACITY_TOKENS} tokens, {MAX_NUM_SEQS} seqs, "
-            "time scale 1), "
+            f"{replicas} simulated replicas (KV {KV_CAPACITY_TOKENS} tokens, {MAX_NUM_SEQS} seqs, "
+            f"time scale {args.time_scale:g}), "
             f"~{kv_tokens} KV tokens per request, capacity ~{capacity_per_s:.1f} req/s, offered "
-            f"{rate_per_s:.1f} req/s ({args.overload}x) for {args.duration_s:.0f} s; "
+            f"{rate_per_s:.1f} req/s ({overload}x) for {duration_s:.0f} s; "
             f"sim, gateway and driver in separate processes"
         )
         phases = [
             await _phase(
-                "kvgate", True, replica_urls, arrivals_s, prompts, args.retries, args.max_queue_wait_s
-            ),
-            await _phase(
-                "admission off", False, replica_urls, arrivals_s, prompts, args.retries, args.max_queue_wait_s
-            ),
+                name, enabled, replica_urls, arrivals_s, prompts, args.retries, args.max_queue_wait_s, out
+            )
+            for name, enabled in (("kvgate", True), ("admission off", False))
         ]
-    finally:
-        sim.terminate()
-        sim.wait(10)
     print(
         f"{'phase':<14} {'sent':>6} {'admitted':>8} {'ttft p50':>9} {'ttft p95':>9} {'preemptions':>11} "
         f"{'429s':>8} {'1st retry ok %':>14} {'RA late p50 s':>14} {'errors':>7}"
@@ -274,4 +239,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(main())
