@@ -12,12 +12,11 @@ learned limit above the load (``kvgate.admission.itl_guard``), so every room che
 median and p99 microseconds per decision (admit + release) per setting, and the ratio to the
 gateway alone, from the same run. Not a test.
 
-    python -m bench.bench_decision_cost [--rounds 20] [--decisions 2000] [--replicas 8]
+    python -m bench decision_cost [--rounds 20] [--decisions 2000] [--replicas 8]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import statistics
 import sys
@@ -26,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from bench.harness.cli import benchmark_parser, recorded
+from bench.harness.gateway_config import Model, Pool, gateway_config
 from kvgate.admission.claims import ClaimBook, Grant, Share, replica_capacity
 from kvgate.config.loader import parse_config
 from kvgate.gateway.coordination.coordinator import ClaimedLoads, RedisCoordinator
@@ -41,26 +42,15 @@ GUARD = 128
 
 def _config(replicas: int, itl_slo_s: float | None) -> Any:
     admission = {} if itl_slo_s is None else {"models": {"m": {"itl_slo_s": itl_slo_s}}}
+    urls = [f"http://10.0.0.{i + 1}:8000" for i in range(replicas)]
+    tokenizer = {"kind": "bytes", "bytes_per_token": 4.0}
     return parse_config(
-        {
-            "models": [
-                {
-                    "name": "m",
-                    "max_model_len": 8192,
-                    "kv_bytes_per_token": 1,
-                    "tokenizer": {"kind": "bytes", "bytes_per_token": 4.0},
-                }
-            ],
-            "pools": [
-                {
-                    "name": "p",
-                    "replicas": [f"http://10.0.0.{i + 1}:8000" for i in range(replicas)],
-                    "kv_capacity_tokens": KV_CAPACITY_TOKENS,
-                }
-            ],
-            "routing": {"seed": 1, "warmup_s": 0},
-            "admission": admission,
-        },
+        gateway_config(
+            Pool(urls, name="p", kv_capacity_tokens=KV_CAPACITY_TOKENS),
+            model=Model("m", max_model_len=8192, kv_bytes_per_token=1, tokenizer=tokenizer),
+            routing={"seed": 1, "warmup_s": 0},
+            admission=admission,
+        ),
         {},
     )
 
@@ -114,28 +104,34 @@ async def _round(path: DecisionPath, request: ProxyRequest, decisions: int) -> l
     return samples
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser("decision_cost", __doc__)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--decisions", type=int, default=2000)
     parser.add_argument("--replicas", type=int, default=8)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    with recorded(args.out):
+        asyncio.run(run(args.rounds, args.decisions, args.replicas))
+    return 0
+
+
+async def run(rounds: int, decisions: int, replicas: int) -> None:
     settings: dict[str, tuple[int, float | None]] = {
         "1 gateway, no Redis": (1, None),
         "1 of 2 with claims": (2, None),
         "1 of 4 with claims": (4, None),
         "1 gateway, itl_slo_s": (1, 0.05),
     }
-    paths = {name: _path(args.replicas, n, itl_slo_s) for name, (n, itl_slo_s) in settings.items()}
+    paths = {name: _path(replicas, n, itl_slo_s) for name, (n, itl_slo_s) in settings.items()}
     requests = {name: await _request(path) for name, (path, _) in paths.items()}
     samples: dict[str, list[float]] = {name: [] for name in settings}
-    for i in range(args.rounds):
+    for i in range(rounds):
         for name, (path, _) in paths.items():
-            samples[name] += await _round(path, requests[name], args.decisions)
-        print(f"round {i + 1}/{args.rounds}", file=sys.stderr)
+            samples[name] += await _round(path, requests[name], decisions)
+        print(f"round {i + 1}/{rounds}", file=sys.stderr)
     base = statistics.median(samples["1 gateway, no Redis"])
-    runs = f"{args.rounds} x {args.decisions}"
-    print(f"{args.replicas} replicas, {runs} decisions per setting, rounds alternated")
+    runs = f"{rounds} x {decisions}"
+    print(f"{replicas} replicas, {runs} decisions per setting, rounds alternated")
     print("| setting | admit + release p50 µs | p99 µs | p50 vs alone |")
     print("|---|---|---|---|")
     for name, values in samples.items():
@@ -145,4 +141,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(main())
