@@ -6,18 +6,19 @@ add 256 tokens of their own, as in the prefix replay. Each ``choose`` includes r
 prompt in the index. Memory is measured with ``tracemalloc`` for an index filled to capacity with
 blocks that no other replica holds (the worst case: no sharing of the reverse map's entries).
 
-Run: ``python -m bench.bench_routing [--decisions N] [--capacity-blocks N]``.
+Run: ``python -m bench routing [--decisions N] [--capacity-blocks N] [--fleet-sizes 10,100,1000]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
+import sys
 import time
 import tracemalloc
 from collections.abc import Sequence
 
+from bench.harness.cli import benchmark_parser, recorded
 from kvgate.config.routing import PolicyName, RoutingConfig
 from kvgate.routing.prefix_hash import block_hashes
 from kvgate.routing.prefix_index import PrefixIndex
@@ -108,15 +109,26 @@ def index_bytes_per_replica(capacity_blocks: int, replicas: int) -> float:
     return (after - before) / replicas
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = benchmark_parser("routing", __doc__)
     parser.add_argument("--decisions", type=int, default=1_000, help="timed decisions per pass")
     parser.add_argument("--repeats", type=int, default=5, help="passes per case; the best is reported")
     parser.add_argument("--capacity-blocks", type=int, default=RoutingConfig().prefix_index_capacity_blocks)
+    parser.add_argument(
+        "--fleet-sizes",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=FLEET_SIZES,
+        help=f"replicas per fleet, comma-separated (default {','.join(map(str, FLEET_SIZES))})",
+    )
     args = parser.parse_args(argv)
+    with recorded(args.out):
+        run(args.decisions, args.repeats, args.capacity_blocks, args.fleet_sizes)
+    return 0
 
+
+def run(decisions: int, repeats: int, capacity: int, fleet_sizes: Sequence[int]) -> None:
     rng = random.Random(0)
-    batch = requests(args.decisions, rng)
+    batch = requests(decisions, rng)
     cases: list[tuple[str, PolicyName, int]] = [
         ("kvgate (sample 16)", "kvgate", 16),
         ("kvgate (exact)", "kvgate", 0),
@@ -124,19 +136,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         ("least_request", "least_request", 0),
     ]
     print(
-        f"routing decision CPU time, best of {args.repeats} passes of {args.decisions} decisions "
+        f"routing decision CPU time, best of {repeats} passes of {decisions} decisions "
         "(mean / p99, microseconds)"
     )
-    print(f"{'policy':<22}" + "".join(f"{f'{n} replicas':>22}" for n in FLEET_SIZES))
-    views_by_size = {size: fleet(size, rng) for size in FLEET_SIZES}
+    print(f"{'policy':<22}" + "".join(f"{f'{n} replicas':>22}" for n in fleet_sizes))
+    views_by_size = {size: fleet(size, rng) for size in fleet_sizes}
     for label, policy, sample_size in cases:
         cells = []
-        for size in FLEET_SIZES:
-            mean_us, p99_us = time_decisions(policy, sample_size, views_by_size[size], batch, args.repeats)
+        for size in fleet_sizes:
+            mean_us, p99_us = time_decisions(policy, sample_size, views_by_size[size], batch, repeats)
             cells.append(f"{mean_us:9.1f} / {p99_us:8.1f}")
         print(f"{label:<22}" + "".join(f"{cell:>22}" for cell in cells))
 
-    capacity = args.capacity_blocks
     per_replica_bytes = index_bytes_per_replica(capacity, replicas=8)
     print(
         f"prefix index memory: {per_replica_bytes / 2**20:.2f} MiB per replica at {capacity} blocks "
@@ -146,4 +157,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
