@@ -7,15 +7,13 @@ concurrent streams per replica for ``--duration-s`` seconds, and prints the chil
 streamed token and how far its step loops ran behind schedule. A run whose lag ratio exceeds 5 %
 is reported as invalid. Not a test: numbers only.
 
-    .venv/bin/python -m bench.bench_sim [--replicas 4] [--streams 64] [--duration-s 20]
+    python -m bench sim [--replicas 4] [--streams 64] [--duration-s 20]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from typing import cast
@@ -23,11 +21,12 @@ from typing import cast
 import aiohttp
 import orjson
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
-from kvgate.loadtest.client import wait_until_ok
+from bench.harness.cli import benchmark_parser, recorded
+from bench.harness.fleet import SimSpec, start_sim
+from bench.harness.metrics import scrape_all
+from bench.harness.processes import children
 from kvgate.sim.engine import Engine
-from kvgate.sim.ports import free_ports
 from kvgate.sim.profile import DEFAULT_PROFILE, resolve_profile
 
 _LAG_LIMIT_RATIO = 0.05
@@ -115,46 +114,33 @@ async def _stream(port: int, deadline: float, counts: list[int]) -> None:
 
 
 async def _metrics(session: aiohttp.ClientSession, urls: list[str]) -> dict[str, float]:
-    total = dict.fromkeys(_SUMMED, 0.0)
-    for url in urls:
-        async with session.get(url + "/metrics") as response:
-            text = await response.text()
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name in total:
-                    total[sample.name] += sample.value
-    return total
+    page = await scrape_all(session, urls, _SUMMED)
+    return {name: page.sum(name) for name in _SUMMED}
 
 
 async def serving_cost(replicas: int, streams: int, duration_s: float, time_scale: float) -> None:
-    port = free_ports(replicas)
     profiler = os.environ.get("KVGATE_BENCH_PROFILE")
     prefix = ["-m", "cProfile", "-o", profiler] if profiler else []
-    args = [sys.executable, *prefix, "-m", "kvgate", "sim", "--replicas", str(replicas), "--port", str(port)]
-    args += ["--control-port", str(free_ports()), "--cold-start-s", "0", "--time-scale", str(time_scale)]
-    child = subprocess.Popen(args, stdout=subprocess.DEVNULL)
-    urls = [f"http://127.0.0.1:{port + i}" for i in range(replicas)]
-    try:
-        process = psutil.Process(child.pid)
+    with children() as started:
+        sim = start_sim(started, SimSpec(replicas, time_scale=time_scale), python_args=prefix)
+        urls = list(sim.urls)
+        port = int(urls[0].rsplit(":", 1)[1])
+        process = psutil.Process(sim.process.pid)
         async with aiohttp.ClientSession() as session:
-            for url in urls:
-                await wait_until_ok(session, url + "/health")
+            await sim.ready(session)
             counts = [0]
             cpu_before = process.cpu_times()
             own_before = time.process_time()
             metrics_before = await _metrics(session, urls)
-            started = time.monotonic()
-            deadline = started + duration_s
+            started_s = time.monotonic()
+            deadline = started_s + duration_s
             await asyncio.gather(
                 *(_stream(port + i, deadline, counts) for i in range(replicas) for _ in range(streams))
             )
-            elapsed = time.monotonic() - started
+            elapsed = time.monotonic() - started_s
             own_s = time.process_time() - own_before
             cpu_after = process.cpu_times()
             metrics_after = await _metrics(session, urls)
-    finally:
-        child.terminate()
-        child.wait(10)
     cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
     tokens, lag_s, busy_s = (metrics_after[name] - metrics_before[name] for name in _SUMMED)
     lag_ratio = lag_s / busy_s if busy_s else 0.0
@@ -172,18 +158,17 @@ async def serving_cost(replicas: int, streams: int, duration_s: float, time_scal
         print("RUN INVALID: the simulator lagged its schedule materially; raise --time-scale")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser("sim", __doc__)
     parser.add_argument("--profile", default=DEFAULT_PROFILE)
     parser.add_argument("--replicas", type=int, default=4)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--time-scale", type=float, default=1.0)
-    args = parser.parse_args()
-    profile_figures(args.profile)
-    asyncio.run(serving_cost(args.replicas, args.streams, args.duration_s, args.time_scale))
+    args = parser.parse_args(argv)
+    with recorded(args.out):
+        profile_figures(args.profile)
+        asyncio.run(serving_cost(args.replicas, args.streams, args.duration_s, args.time_scale))
     return 0
 
 
