@@ -37,7 +37,7 @@ def test_model_mode_prints_every_scaler_and_writes_the_plot(
 
 
 def test_real_mode_closes_the_loop_with_real_processes(tmp_path: Path) -> None:
-    sizes = ["--warm-s", "1", "--burst-s", "2", "--tail-s", "1", "--base-rps", "2"]
+    sizes = ["--warm-s", "0.5", "--burst-s", "1", "--tail-s", "0.5", "--base-rps", "3"]
     assert main(["--mode", "real", "--scalers", "kvgate", *sizes, "--out", str(tmp_path)]) == 0
     figures = orjson.loads((tmp_path / "figures.json").read_bytes())["kvgate"]
     assert figures["requests"] > 0 and figures["errors"] == 0

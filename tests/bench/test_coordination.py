@@ -14,7 +14,7 @@ def test_two_gateways_with_and_without_claims_are_tabled(tmp_path: Path) -> None
     assert main([*sizes, "--out", str(tmp_path)]) == 0
     rows = [line for line in (tmp_path / "output.txt").read_text().splitlines() if line.startswith("| 2 |")]
     assert [row.split("|")[2].strip() for row in rows] == ["on", "off"]
-    for row in rows:
-        cells = [cell.strip() for cell in row.split("|")]
-        assert float(cells[3]) > 0 and cells[5] == "0"  # goodput, no preemptions
+    claims, alone = ([cell.strip() for cell in row.split("|")] for row in rows)
+    assert claims[5] == alone[5] == "0"  # no preemptions
+    assert float(claims[12]) > 0 and float(alone[12]) == 0  # syncs with Redis only with claims
     assert (tmp_path / "coordination.png").stat().st_size > 0

@@ -20,5 +20,5 @@ def test_mixed_and_disaggregated_play_one_trace(tmp_path: Path) -> None:
     for row in by_target.values():
         requests, ok = int(row[3]), int(row[4])
         assert requests > 0 and ok == requests
-    assert by_target["kvgate mixed"][12].strip() == "1.00x"  # goodput against itself
+    assert by_target["kvgate mixed"][13].strip() == "1.00x"  # TTFT p95 against itself
     assert (tmp_path / "pd.png").stat().st_size > 0

@@ -13,7 +13,7 @@ from bench.streams.measure import work_gauges
 
 
 def test_a_small_point_relays_every_stream_and_leaves_no_work(tmp_path: Path) -> None:
-    sizes = ["--points", "40@200", "--window-s", "1", "--drivers", "1", "--open-per-s", "200"]
+    sizes = ["--points", "40@200", "--window-s", "2", "--drivers", "1", "--open-per-s", "200"]
     pauses = ["--settle-s", "0.5", "--tail-s", "0.5", "--idle-s", "0.5"]
     assert main([*sizes, *pauses, "--out", str(tmp_path)]) == 0
     result = result_of(orjson.loads((tmp_path / "results.json").read_bytes())["results"][0])
