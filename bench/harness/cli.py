@@ -28,6 +28,7 @@ def benchmark_parser(name: str, doc: str | None, *, seed: int | None = None) -> 
     parser.add_argument(
         "--out",
         type=Path,
+        metavar="DIR",
         default=OUT_ROOT / name,
         help=f"directory for what the run writes (default {OUT_ROOT / name}; its output in {OUTPUT_FILE})",
     )
