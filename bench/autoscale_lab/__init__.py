@@ -1,6 +1,6 @@
 """Autoscaling policies in closed loop on the simulator's engines, in virtual time: no sockets, no noise.
 
-A real closed-loop run (``bench.bench_autoscale``) takes many minutes of wall time per policy and
+A real closed-loop run (``bench.autoscale``) takes many minutes of wall time per policy and
 one scenario. The lab closes the same loop on one virtual clock: a fleet of the simulator's
 ``Engine``s (the profile's 60 s cold start and 30 s warm-up) behind kvgate's router, reservations
 ledger and queue, the signals the gateway would export read through ``/signals``' own code, and a
@@ -15,5 +15,6 @@ oracle, the leanest schedule meeting the SLO computed from the whole trace and f
 start ahead. Scenarios: a diurnal ramp, a 4x burst, a mix shift at constant request rate, a slow
 leak of long-context sessions while the request rate falls.
 
-    python -m bench.autoscale_lab [--scenario all|ramp,burst,mix_shift,leak] [--policies ...]
+    python -m bench autoscale_lab [--scenario all|ramp,burst,mix_shift,leak] [--policies ...]
+        [--plots DIR]
 """

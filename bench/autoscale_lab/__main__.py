@@ -1,4 +1,4 @@
-"""The command line of ``python -m bench.autoscale_lab`` (see the package's docstring)."""
+"""The command line of ``python -m bench autoscale_lab`` (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -12,19 +12,17 @@ from bench.autoscale_lab.compare import POLICIES, SEED, present_only, run_scenar
 from bench.autoscale_lab.measures import present_only_table, table
 from bench.autoscale_lab.plots import plot
 from bench.autoscale_lab.scenarios import FULL, SCENARIOS
+from bench.harness.cli import benchmark_parser, recorded
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.autoscale_lab",
-        description=package.__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = benchmark_parser("autoscale_lab", package.__doc__, seed=SEED)
     parser.add_argument("--scenario", default="all", help=f"all, or some of {','.join(SCENARIOS)}")
     parser.add_argument("--policies", default=",".join(POLICIES), help="default: all four")
-    parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument(
-        "--plots", default="docs", help="folder for autoscale-lab-<scenario>.png ('' for none)"
+        "--plots",
+        help="folder for autoscale-lab-<scenario>.png (default: --out; docs to renew the documentation's, "
+        "'' for none)",
     )
     parser.add_argument(
         "--present-only",
@@ -39,20 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
-    started = time.perf_counter()
-    for name in names:
-        result = run_scenario(
-            name, args.seed, args.policies.split(","), progress=lambda line: print(line, flush=True)
-        )
-        print(table(result), flush=True)
-        if args.present_only:
-            bounds = present_only(
-                name, args.present_only, args.seed, progress=lambda line: print(line, flush=True)
+    plots = args.out if args.plots is None else Path(args.plots) if args.plots else None
+    with recorded(args.out):
+        started = time.perf_counter()
+        for name in names:
+            result = run_scenario(
+                name, args.seed, args.policies.split(","), progress=lambda line: print(line, flush=True)
             )
-            print(present_only_table(result, bounds), flush=True)
-        if args.plots:
-            print(f"  plot: {plot(result, Path(args.plots) / f'autoscale-lab-{name}.png')}", flush=True)
-    print(f"done in {time.perf_counter() - started:.0f} s")
+            print(table(result), flush=True)
+            if args.present_only:
+                bounds = present_only(
+                    name, args.present_only, args.seed, progress=lambda line: print(line, flush=True)
+                )
+                print(present_only_table(result, bounds), flush=True)
+            if plots is not None:
+                print(f"  plot: {plot(result, plots / f'autoscale-lab-{name}.png')}", flush=True)
+        print(f"done in {time.perf_counter() - started:.0f} s")
     return 0
 
 

@@ -19,10 +19,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.autoscale_lab import oracle as oracle_mod
-from bench.autoscale_lab.loop import LabRun, LabSettings, Scaler, run
+from bench.autoscale_lab.loop import run
+from bench.autoscale_lab.records import LabRun, LabSettings, Scaler
 from bench.autoscale_lab.scalers import Kvgate, follow, request_rate, utilization, waiting
 from bench.autoscale_lab.scenarios import BASE_MIX, CLASSES, SCENARIOS, Arrival
-from bench.routing_traces import FLEET_OVERRIDES, SLO_ITL_S, SLO_TTFT_S
+from bench.routing_lab.traces import FLEET_OVERRIDES, SLO_ITL_S, SLO_TTFT_S
 from kvgate.config.autoscaler import PoolPolicy
 from kvgate.sim.profile import Profile, resolve_profile
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.autoscale_lab.compare import PresentOnly, ScenarioResult, good_ratio
-from bench.autoscale_lab.loop import LabRun
+from bench.autoscale_lab.records import LabRun
 from bench.autoscale_lab.scenarios import SCENARIOS
 
 STABILIZATION_WINDOW_S = 300.0

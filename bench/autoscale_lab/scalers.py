@@ -16,7 +16,8 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from bench.autoscale_lab.loop import POOL, Observation, Scaler
+from bench.autoscale_lab.loop import POOL
+from bench.autoscale_lab.records import Observation, Scaler
 from kvgate.autoscaler.policy import PoolAutoscaler
 from kvgate.config.autoscaler import PoolPolicy
 

@@ -10,7 +10,7 @@ import aiohttp
 import orjson
 import pytest
 
-from bench.paced_backend import ITL_HEADER, PacedBackend
+from bench.streams.backend import ITL_HEADER, PacedBackend
 from kvgate.gateway.edge.server import running_gateway
 from kvgate.gateway.request_path import relay as relay_module
 from kvgate.sim.ports import free_ports

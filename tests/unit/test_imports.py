@@ -41,7 +41,7 @@ EVERYTHING = frozenset(ALLOWED) - {"kvgate"}
 
 
 def room_of(module: str) -> str | None:
-    """``kvgate.gateway.edge.app`` -> ``kvgate.gateway``; ``bench.peers`` -> ``bench``."""
+    """``kvgate.gateway.edge.app`` -> ``kvgate.gateway``; ``bench.harness.peers`` -> ``bench``."""
     parts = module.split(".")
     if parts[0] == "bench":
         return "bench"
@@ -108,7 +108,7 @@ def test_the_runtime_never_imports_the_load_tester_or_the_benchmarks() -> None:
 def test_a_new_wrong_way_arrow_is_caught_even_inside_a_function() -> None:
     source = (
         "def up():\n    from kvgate.sim.fleet import SimFleet\n"
-        "    import kvgate.cli\n    import bench.peers\n"
+        "    import kvgate.cli\n    import bench.harness.peers\n"
     )
     assert wrong_way("kvgate.gateway", source) == {"kvgate.sim", "kvgate.cli", "bench"}
     assert wrong_way("kvgate.cli", source) == {"bench"}

@@ -1,0 +1,1 @@
+"""What every benchmark shares: fleets, gateways, peers, metrics, processes, reports, the command line."""
