@@ -32,7 +32,7 @@ async def stalls(model_name: str, window_tokens: int, prompt: str, prompts: int)
     model = Model.model_validate(
         {"name": model_name, "max_model_len": window_tokens, "kv_bytes_per_token": 131072}
     )
-    encoder = PromptEncoder([model])
+    encoder = PromptEncoder([model], 16)
     raw = orjson.dumps({"model": model_name, "messages": [{"role": "user", "content": prompt}]})
     lags_s: list[float] = []
     stop = asyncio.Event()

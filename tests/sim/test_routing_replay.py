@@ -78,7 +78,7 @@ def max_request_share(result: ReplayResult) -> float:
     return max(counts.values()) / len(result.placements)
 
 
-def test_the_replica_caching_a_prompt_keeps_it_within_the_tolerance_and_hits_far_more_than_round_robin() -> None:
+def test_the_replica_caching_a_prompt_keeps_it_within_the_tolerance_and_hits_more_than_round_robin() -> None:
     trace = shared_prompt_trace(seed=1)
     config = RoutingConfig(prefix_index_capacity_blocks=400)
     kvgate = run(PREFIX_FLEET, trace, config)
