@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from pathlib import Path
 
 import bench.routing_lab as package
 from bench.harness.cli import benchmark_parser, recorded
 from bench.routing_lab.replay import lab_requests, play
+from bench.routing_lab.replays import from_file, replay_requests, shaped
 from bench.routing_lab.table import print_results
 from bench.routing_lab.traces import TRACES
+from bench.traces.shapes import SHAPES
 from kvgate.config.routing import RoutingConfig
 from kvgate.sim.profile import resolve_profile
 
@@ -25,11 +28,21 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-wait-s", type=float, default=2.0, help="longest gateway wait (default 2)")
     parser.add_argument("--max-num-seqs", type=int, help="sequence slots per replica (default: the trace's)")
     parser.add_argument("--kv-tokens", type=int, help="KV tokens per replica (default: the trace's)")
+    replay = parser.add_argument_group("a production trace in place of --trace")
+    replay.add_argument(
+        "--replay", help=f"a shape ({', '.join(sorted(SHAPES))}) or a Mooncake-format JSONL file"
+    )
+    replay.add_argument("--speed", type=float, default=1.0, help="a file's replay speed (default 1)")
+    replay.add_argument("--start-s", type=float, default=0.0, help="where in the file to start (default 0)")
+    replay.add_argument("--window-s", type=float, help="seconds of the file to replay (default: all)")
+    replay.add_argument("--settings", default="", help="routing settings for kvgate, KEY=VALUE,...")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.replay:
+        return _replay(args)
     trace = TRACES[args.trace]
     if args.rate:
         trace = dataclasses.replace(trace, rate_rps=args.rate)
@@ -60,7 +73,44 @@ def main(argv: list[str] | None = None) -> int:
             )
             for name in args.policies.split(",")
         ]
-        print_results(results, trace)
+        print_results(results, trace.slo_ttft_s, trace.slo_itl_s)
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if args.replay in SHAPES:
+        replay = shaped(args.replay, args.rate or 4.0, args.duration_s or 300.0, args.seed)
+    else:
+        replay = from_file(Path(args.replay), args.start_s, args.window_s, args.speed)
+    overrides = dict(replay.profile_overrides)
+    if args.max_num_seqs:
+        overrides["max_num_seqs"] = args.max_num_seqs
+    if args.kv_tokens:
+        overrides["kv_capacity_tokens"] = args.kv_tokens
+    settings = dict(pair.split("=", 1) for pair in args.settings.split(",") if pair)
+    with recorded(args.out):
+        requests = replay_requests(replay)
+        profile = resolve_profile(overrides=overrides)
+        print(
+            f"{replay.name}: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, {replay.replicas} "
+            f"replicas (KV {profile.kv_capacity_tokens} tokens, {profile.max_num_seqs} sequences each); SLO "
+            f"TTFT {replay.slo_ttft_s:g} s + prompt / {1 / replay.slo_ttft_per_prompt_token_s:,.0f} tokens/s, "
+            f"mean ITL {1000 * replay.slo_itl_s:g} ms"
+        )
+        results = [
+            play(
+                requests,
+                RoutingConfig.model_validate(
+                    {"policy": name, "warmup_s": 0, **(settings if name == "kvgate" else {})}
+                ),
+                profile,
+                replay.replicas,
+                admission=args.admission == "on",
+                max_queue_wait_s=args.max_wait_s,
+            )
+            for name in args.policies.split(",")
+        ]
+        print_results(results, replay.slo_ttft_s, replay.slo_itl_s, replay.slo_ttft_per_prompt_token_s)
     return 0
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from collections import deque
@@ -17,11 +18,13 @@ from kvgate.loadtest.workload import Trace
 from kvgate.routing.request import RoutingRequest
 from kvgate.routing.router import Router
 from kvgate.sim.engine import Engine, EngineRequest, StepResult
-from kvgate.sim.profile import Profile
+from kvgate.sim.profile import Profile, step_duration_s
 from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
 from kvgate.vocabulary.sharing import NOTHING_SHARED
 
 MODEL = "lab-model"
+KV_BYTES_PER_TOKEN = 131_072
+"""Llama-3.1-8B in bf16, as the lab's profile models."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,9 +58,10 @@ class Outcome:
             return None
         return (self.last_token_s - self.first_token_s) / (self.tokens - 1)
 
-    def good(self, ttft_slo_s: float, itl_slo_s: float) -> bool:
+    def good(self, ttft_slo_s: float, itl_slo_s: float, ttft_per_prompt_token_s: float = 0.0) -> bool:
         ttft, itl = self.ttft_s, self.mean_itl_s
-        return ttft is not None and ttft <= ttft_slo_s and (itl is None or itl <= itl_slo_s)
+        budget_s = ttft_slo_s + ttft_per_prompt_token_s * self.request.routing.prompt_tokens
+        return ttft is not None and ttft <= budget_s and (itl is None or itl <= itl_slo_s)
 
 
 @dataclass(slots=True)
@@ -111,21 +115,39 @@ class LabResult:
     preemptions: int
     replica_seconds: float
 
-    def good_share(self, ttft_slo_s: float, itl_slo_s: float, class_name: str | None = None) -> float:
+    def good_share(
+        self,
+        ttft_slo_s: float,
+        itl_slo_s: float,
+        class_name: str | None = None,
+        ttft_per_prompt_token_s: float = 0.0,
+    ) -> float:
         chosen = [o for o in self.outcomes if class_name is None or o.request.class_name == class_name]
-        return sum(1 for o in chosen if o.good(ttft_slo_s, itl_slo_s)) / len(chosen) if chosen else 0.0
+        good = sum(1 for o in chosen if o.good(ttft_slo_s, itl_slo_s, ttft_per_prompt_token_s))
+        return good / len(chosen) if chosen else 0.0
 
 
 def lab_requests(trace: Trace, model: str = MODEL) -> list[LabRequest]:
-    """The trace's chat requests as the simulator would tokenise them, with their routing view."""
+    """The trace's requests as the simulator would tokenise them (a chat through its template, a
+    completion's prompt as it is), with their routing view."""
     tokenizer = TiktokenTokenizer.from_name()
     template = ChatTemplate()
     requests = []
     for request in trace.requests:
-        ids = tuple(tokenizer.encode(template.render(request.payload["messages"])))
+        payload = request.payload
+        text = template.render(payload["messages"]) if "messages" in payload else payload["prompt"]
+        ids = tuple(tokenizer.encode(text))
         routing = RoutingRequest.from_token_ids(model, ids, request.max_tokens)
+        routing = dataclasses.replace(routing, kv_bytes_per_token=KV_BYTES_PER_TOKEN)
         requests.append(LabRequest(request.index, request.class_name, request.at_s or 0.0, ids, routing))
     return requests
+
+
+def prefill_tokens_per_s(profile: Profile) -> float:
+    """What a replica of ``profile`` prefills per second with a full token budget: the rate the
+    gateway would measure, and the one it hands the router."""
+    tokens = profile.max_num_batched_tokens
+    return tokens / step_duration_s(profile, tokens, 0.0, 0)
 
 
 def play(
@@ -141,6 +163,7 @@ def play(
 ) -> LabResult:
     """Every request of ``requests`` through one fleet of ``replicas`` engines behind ``config``'s router."""
     router = Router(config, random.Random(config.seed))
+    rate = prefill_tokens_per_s(profile)
     ledger = InMemoryLedger(block_tokens=profile.block_size_tokens)
     fleet = [_Replica(f"r{i}", Engine(profile, seed=i), ledger) for i in range(replicas)]
     by_id = {replica.replica_id: replica for replica in fleet}
@@ -181,6 +204,7 @@ def play(
             admission,
             hold_until_s,
             ledger if sharing else NOTHING_SHARED,
+            prefill_tokens_per_s=rate,
         )
         if decision.replica_id is None:
             return False
@@ -190,7 +214,8 @@ def play(
         replica.resident[request_id] = outcome
         routing = outcome.request.routing
         cost = CostEstimate(MODEL, routing.prompt_tokens, routing.max_output_tokens, 0)
-        ledger.reserve(request_id, replica.replica_id, cost, now_s, routing.block_hashes if sharing else ())
+        hashes = routing.block_hashes if sharing else ()
+        ledger.reserve(request_id, replica.replica_id, cost, now_s, hashes, decision.cached_prompt_tokens)
         replica.engine.add_request(
             request_id,
             outcome.request.token_ids,

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from bench.routing_lab.replay import LabResult
-from bench.routing_lab.traces import LabTrace
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -16,8 +15,9 @@ def percentile(values: Iterable[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def print_results(results: Sequence[LabResult], trace: LabTrace) -> None:
-    ttft_slo, itl_slo = trace.slo_ttft_s, trace.slo_itl_s
+def print_results(
+    results: Sequence[LabResult], ttft_slo: float, itl_slo: float, ttft_per_prompt_token_s: float = 0.0
+) -> None:
     classes = sorted({o.request.class_name for o in results[0].outcomes})
     print(
         f"{'policy':<16} {'good %':>7} {'refused':>7} {'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} "
@@ -28,9 +28,12 @@ def print_results(results: Sequence[LabResult], trace: LabTrace) -> None:
         ttft = [o.ttft_s for o in served if o.ttft_s is not None]
         itl = [o.mean_itl_s for o in served if o.mean_itl_s is not None]
         p50, p95, itl95 = percentile(ttft, 0.5), percentile(ttft, 0.95), percentile(itl, 0.95)
-        per_class = " ".join(f"{100 * result.good_share(ttft_slo, itl_slo, c):>9.1f}%" for c in classes)
+        per_class = " ".join(
+            f"{100 * result.good_share(ttft_slo, itl_slo, c, ttft_per_prompt_token_s):>9.1f}%"
+            for c in classes
+        )
         print(
-            f"{result.policy:<16} {100 * result.good_share(ttft_slo, itl_slo):>6.1f}% "
+            f"{result.policy:<16} {100 * result.good_share(ttft_slo, itl_slo, None, ttft_per_prompt_token_s):>6.1f}% "
             f"{len(result.outcomes) - len(served):>7} {p50 or 0:>9.3f} {p95 or 0:>9.3f} "
             f"{1000 * (itl95 or 0):>10.1f} {result.hit_ratio:>6.3f} {result.preemptions:>7}  {per_class}"
         )

@@ -55,6 +55,15 @@ class RoutingConfig(Frozen):
             "Default 512. Example: 2048"
         ),
     )
+    decode_weight: float = Field(
+        default=1.0,
+        ge=0,
+        description=(
+            "Prompt tokens of prefill one token still to decode on a replica weighs as in its load: "
+            "the sequences decoding there are slowed by every prefill placed beside them, for as "
+            "long as they have tokens left (ratio). Default 1. Example: 0.5"
+        ),
+    )
     host_tier_bytes_per_s: float = Field(
         default=25e9,
         gt=0,
@@ -73,14 +82,14 @@ class RoutingConfig(Frozen):
             "of requests sharing a new prefix together (s). Default 10. Example: 5"
         ),
     )
-    prefix_index_capacity_blocks: int = Field(
-        default=16_384,
+    prefix_index_capacity_blocks: int | None = Field(
+        default=None,
         gt=0,
         description=(
-            "Most prompt blocks remembered per replica in the prefix index of what kvgate routed "
-            "there (used for replicas that publish no KV events; never more than twice the "
-            "replica's KV cache); the least recently routed are forgotten first. Default 16384. "
-            "Example: 32768"
+            "Most prompt blocks remembered per replica in the index of what kvgate routed there (read "
+            "for replicas that publish no KV events); the least recently routed are forgotten first. "
+            "Default none: twice the replica's KV cache, in blocks, which is what it may still hold "
+            "(a few MB per replica; replicas that publish events need none). Example: 32768"
         ),
     )
     prefix_hold_s: float = Field(

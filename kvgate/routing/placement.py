@@ -34,16 +34,22 @@ LOAD_TIEBREAK = 1e-3
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """One candidate's prefill work for one request, in prompt tokens."""
+    """One candidate's work for one request, in prompt tokens."""
 
     cached_tokens: float
     """Of the request's prompt, what the candidate's cache serves (host-tier blocks by their saving)."""
     uncached_tokens: float
     backlog_tokens: int
+    decode_tokens: float = 0.0
+    """The candidate's decode work, weighed in prompt tokens."""
+
+    @property
+    def load_tokens(self) -> float:
+        return self.backlog_tokens + self.decode_tokens
 
     @property
     def total_tokens(self) -> float:
-        return self.backlog_tokens + self.uncached_tokens
+        return self.load_tokens + self.uncached_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +69,9 @@ def place(
     cached = [w.cached_tokens for w in works]
     most = max(cached)
     if most - min(cached) >= affinity_min_tokens:
-        least_backlog = min(w.backlog_tokens for w in works)
+        least_load = min(w.load_tokens for w in works)
         holders = [i for i, c in enumerate(cached) if c == most]
-        fits = [i for i in holders if works[i].backlog_tokens - least_backlog <= bound_tokens]
+        fits = [i for i in holders if works[i].load_tokens - least_load <= bound_tokens]
         if fits:
             totals = [-works[i].total_tokens - LOAD_TIEBREAK * load_shares[i] for i in fits]
             return Placement(fits[pick_best(totals, rng)], PREFIX_AFFINITY)

@@ -44,11 +44,16 @@ blocks with them. On the routing lab's many-prefix trace forgetting after one ha
 one to two gained 0.009 (seeds 0-7; 0.75 to 1.5 and 0.875 to 1.75 alike)."""
 
 
+UNBOUNDED_BLOCKS = 1 << 62
+"""The index's own bound when none is configured: each replica's is then its cache's
+(``CACHE_MEMORY_RATIO``)."""
+
+
 class Router:
     def __init__(self, config: RoutingConfig, rng: random.Random) -> None:
         self._config = config
         self._block_tokens = config.block_size_tokens
-        self._index = PrefixIndex(config.prefix_index_capacity_blocks)
+        self._index = PrefixIndex(config.prefix_index_capacity_blocks or UNBOUNDED_BLOCKS)
         self._cache = CacheIndex(config.block_size_tokens, config.speculation_s)
         self._cache_blocks: dict[str, int] = {}
         self._records_prefixes = config.policy == "kvgate"

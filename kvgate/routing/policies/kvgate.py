@@ -32,7 +32,7 @@ from kvgate.routing.placement import Work, place
 from kvgate.routing.prefix_index import PrefixIndex
 from kvgate.routing.ramp import Ramp
 from kvgate.routing.request import RoutingRequest
-from kvgate.vocabulary.replica import ReplicaView
+from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView
 
 PREFIX_HOLDER_FULL = "prefix_holder_full"
 """No replica chosen: the ones holding the request's prefix are full and it may wait for them."""
@@ -51,6 +51,7 @@ class KvgatePolicy:
         self._ttft_tolerance_s = config.ttft_tolerance_s
         self._affinity_min_tokens = config.affinity_min_tokens
         self._host_tier_bytes_per_s = config.host_tier_bytes_per_s
+        self._decode_weight = config.decode_weight
         self._ramp = Ramp(config.warmup_s, config.min_ratio, config.aggression, config.cold_ttft_factor)
         self._positions: dict[str, int] = {}
         self._absent: set[str] = set()
@@ -72,8 +73,9 @@ class KvgatePolicy:
         loads = [tokens + slots for tokens, slots in zip(token_shares, slot_shares, strict=True)]
         matches = [self._match(view.replica_id, request, now_s) for view in candidates]
         saving = self._host_saving(request, gate.prefill_tokens_per_s)
+        decode_weight = self._decode_weight
         works = [
-            self._work(request, match, view.load.pending_uncached_tokens, saving)
+            self._work(request, match, view.load, saving, decode_weight)
             for match, view in zip(matches, candidates, strict=True)
         ]
         bound_tokens = gate.prefill_tokens_per_s * self._ttft_tolerance_s
@@ -102,13 +104,21 @@ class KvgatePolicy:
         hittable = max(0, request.prompt_tokens - 1) // self._block_tokens
         return min(match.gpu_blocks, hittable) * self._block_tokens
 
-    def _work(self, request: RoutingRequest, match: Match, backlog_tokens: int, host_saving: float) -> Work:
+    def _work(
+        self,
+        request: RoutingRequest,
+        match: Match,
+        load: ReplicaLoad,
+        host_saving: float,
+        decode_weight: float,
+    ) -> Work:
         block = self._block_tokens
         gpu = self._gpu_tokens(request, match)
         hittable = max(0, request.prompt_tokens - 1) // block * block
         host = min(match.host_blocks * block, hittable - gpu) * host_saving
         cached = gpu + host
-        return Work(cached, request.prompt_tokens - cached, backlog_tokens)
+        decode = decode_weight * load.remaining_decode_tokens
+        return Work(cached, request.prompt_tokens - cached, load.pending_uncached_tokens, decode)
 
     def _host_saving(self, request: RoutingRequest, prefill_tokens_per_s: float) -> float:
         """The share of a prompt token's prefill a host-tier hit saves: its computing time less the
