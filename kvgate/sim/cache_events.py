@@ -41,19 +41,27 @@ class CacheEventLog:
         hashes: Sequence[int],
         start: int,
         stop: int,
+        token_ids: tuple[int, ...],
         block_tokens: Callable[[int], tuple[int, ...]],
     ) -> list[int]:
-        """Announce blocks ``start .. stop - 1`` of a request (``blocks`` its GPU blocks, ``hashes`` its
-        engine hashes) as computed; returns their published hashes."""
-        parent, digests = self.digests.chain(hashes, start, stop, block_tokens)
+        """Announce blocks ``start .. stop - 1`` of a request as computed: ``blocks`` its GPU blocks,
+        ``hashes`` its engine hashes, ``token_ids`` those blocks' tokens, ``block_tokens(i)`` any of
+        its blocks' (an ancestor's digest may need computing); returns their published hashes."""
+        size = self.block_size
+
+        def tokens_of(index: int) -> tuple[int, ...]:
+            if index < start:
+                return block_tokens(index)
+            offset = (index - start) * size
+            return token_ids[offset : offset + size]
+
+        parent, digests = self.digests.chain(hashes, start, stop, tokens_of)
         values = [published(d) for d in digests]
         by_block = self._published_by_block
-        tokens: list[int] = []
         for offset, value in enumerate(values):
             by_block[blocks[start + offset]] = value
-            tokens.extend(block_tokens(start + offset))
         parent_value = None if parent is None else published(parent)
-        self._events.append(BlockStored(tuple(values), parent_value, tuple(tokens), self.block_size, GPU))
+        self._events.append(BlockStored(tuple(values), parent_value, token_ids, size, GPU))
         return values
 
     def evicted(self, blocks: Sequence[int]) -> None:

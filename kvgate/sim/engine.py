@@ -102,11 +102,24 @@ class StepResult:
         return self.start_s + self.duration_s
 
 
+_GENERATED_PERIOD = 997
+_GENERATED_IDS = tuple(1000 + n * 7 % _GENERATED_PERIOD for n in range(2 * _GENERATED_PERIOD))
+"""Two periods, so any run of up to one period is a single slice."""
+
+
 def generated_token_id(position: int) -> int:
     """The id of the ``position``-th generated token. The simulator's text is a fixed cycle of words
     that no client turns back into ids; its ids only need to be fixed so generated blocks hash (and
     announce) as vLLM's do."""
-    return 1000 + position * 7 % 997
+    return _GENERATED_IDS[position % _GENERATED_PERIOD]
+
+
+def generated_token_ids(first: int, stop: int) -> tuple[int, ...]:
+    """``generated_token_id`` of positions ``first .. stop - 1``."""
+    offset = first % _GENERATED_PERIOD
+    if stop - first <= _GENERATED_PERIOD:
+        return _GENERATED_IDS[offset : offset + stop - first]
+    return tuple(generated_token_id(n) for n in range(first, stop))
 
 
 def natural_length_tokens(profile: Profile, seed: int, request_id: str) -> int:
@@ -492,7 +505,14 @@ class Engine:
         if events is None and self.host is None:
             return
         published = (
-            events.stored(blocks, hashes, start, stop, partial(self._block_tokens, request))
+            events.stored(
+                blocks,
+                hashes,
+                start,
+                stop,
+                self._tokens(request, start * block_size, stop * block_size),
+                partial(self._block_tokens, request),
+            )
             if events is not None
             else [0] * (stop - start)
         )
@@ -520,14 +540,15 @@ class Engine:
                 hashes.append(hash((parent, tokens)))
 
     def _block_tokens(self, request: EngineRequest, index: int) -> tuple[int, ...]:
-        """Block ``index``'s token ids: the prompt's, then generated ones."""
+        """Block ``index``'s token ids."""
         block_size = self.profile.block_size_tokens
-        start = index * block_size
-        stop = start + block_size
+        return self._tokens(request, index * block_size, (index + 1) * block_size)
+
+    def _tokens(self, request: EngineRequest, start: int, stop: int) -> tuple[int, ...]:
+        """The ids of the request's tokens ``start .. stop - 1``: its prompt's, then generated ones."""
         prompt = request.prompt_token_ids
         num_prompt = len(prompt)
         if stop <= num_prompt:
             return tuple(prompt[start:stop])
         head = tuple(prompt[start:num_prompt]) if start < num_prompt else ()
-        first = max(start, num_prompt) - num_prompt
-        return head + tuple(generated_token_id(n) for n in range(first, stop - num_prompt))
+        return head + generated_token_ids(max(start, num_prompt) - num_prompt, stop - num_prompt)
