@@ -297,3 +297,27 @@ async def test_the_host_tier_announces_its_blocks_and_serves_a_hit_between_gpu_a
             assert offloading == ("native", str(8000 * 131_072 / 2**30), "500")
         finally:
             subscriber.close()
+
+
+async def test_the_control_api_adds_a_publishing_replica_and_resets_a_cache(
+    http: aiohttp.ClientSession,
+) -> None:
+    async with SimFleet(replicas=1, time_scale=0.0, overrides={"warmup_s": 0}, control_port=0) as fleet:
+        control = f"{fleet.control_url}/replicas"
+        async with http.post(control, json={"kv_events": True}) as response:
+            added = await response.json()
+        assert response.status == 201 and added["kv_events_endpoint"] == fleet.replicas[1].kv_events_endpoint
+        async with http.get(control) as response:
+            endpoints = [r["kv_events_endpoint"] for r in (await response.json())["replicas"]]
+        assert endpoints[0] is None and endpoints[1].startswith("tcp://127.0.0.1:")
+        async with http.get(fleet.urls[0] + "/kv_event_sources") as response:
+            sources = await response.json()
+        assert sources["0"]["enable_kv_cache_events"] is False and sources["0"]["publisher"] == "null"
+        async with http.post(control, json={"kv_events": "yes"}) as response:
+            assert response.status == 400
+
+        await complete(http, fleet.urls[1], SYSTEM)
+        assert fleet.replicas[1].engine.pool.cached_blocks()
+        async with http.post(f"{control}/1/reset_prefix_cache") as response:
+            assert await response.json() == {"success": True}
+        assert fleet.replicas[1].engine.pool.cached_blocks() == []
