@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import os
 import pickle
 import signal
 import sys
@@ -40,8 +41,10 @@ SYSTEM = "You are a careful assistant who answers in full sentences. " * 12
 
 
 def vllm_hashes(token_ids: Sequence[int], block_size: int = BLOCK) -> list[int]:
-    """vLLM 0.32's published block hashes, computed here from its recipe alone."""
-    parent = hashlib.sha256(pickle.dumps("vllm-none-hash", protocol=5)).digest()
+    """vLLM 0.32's published block hashes, computed here from its recipe alone (seeded, as vLLM and
+    the simulator are, by ``PYTHONHASHSEED`` when it is set)."""
+    seed = os.environ.get("PYTHONHASHSEED", "vllm-none-hash")
+    parent = hashlib.sha256(pickle.dumps(seed, protocol=5)).digest()
     out = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
         block = tuple(token_ids[start : start + block_size])
