@@ -5,9 +5,11 @@ rate and KV capacity next to the figures they are meant to land near. Part 2 ser
 ``--replicas`` replicas in a child process (``python -m kvgate sim``), opens ``--streams``
 concurrent streams per replica for ``--duration-s`` seconds, and prints the child's CPU time per
 streamed token and how far its step loops ran behind schedule. A run whose lag ratio exceeds 5 %
-is reported as invalid. Not a test: numbers only.
+is reported as invalid. With ``--kv-events`` the replicas also publish vLLM's KV cache events, which
+this process subscribes to and drains, so the difference between two runs is what publishing costs.
+Not a test: numbers only.
 
-    python -m bench sim [--replicas 4] [--streams 64] [--duration-s 20]
+    python -m bench sim [--replicas 4] [--streams 64] [--duration-s 20] [--kv-events]
 """
 
 from __future__ import annotations
@@ -21,12 +23,15 @@ from typing import cast
 import aiohttp
 import orjson
 import psutil
+import zmq
+import zmq.asyncio
 
 from bench.harness.cli import benchmark_parser, recorded
 from bench.harness.fleet import SimSpec, start_sim
 from bench.harness.metrics import scrape_all
 from bench.harness.processes import children
 from kvgate.sim.engine import Engine
+from kvgate.sim.ports import free_ports
 from kvgate.sim.profile import DEFAULT_PROFILE, resolve_profile
 
 _LAG_LIMIT_RATIO = 0.05
@@ -118,14 +123,36 @@ async def _metrics(session: aiohttp.ClientSession, urls: list[str]) -> dict[str,
     return {name: page.sum(name) for name in _SUMMED}
 
 
-async def serving_cost(replicas: int, streams: int, duration_s: float, time_scale: float) -> None:
+async def _drain_events(endpoint: str, batches: list[int]) -> None:
+    """A subscriber that reads every batch a replica publishes, and counts them."""
+    socket = zmq.asyncio.Context.instance().socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, b"")
+    socket.connect(endpoint)
+    try:
+        while True:
+            await socket.recv_multipart()
+            batches[0] += 1
+    finally:
+        socket.close(linger=0)
+
+
+async def serving_cost(
+    replicas: int, streams: int, duration_s: float, time_scale: float, events: bool
+) -> None:
     profiler = os.environ.get("KVGATE_BENCH_PROFILE")
     prefix = ["-m", "cProfile", "-o", profiler] if profiler else []
+    events_port = free_ports(replicas) if events else None
+    batches = [0]
     with children() as started:
-        sim = start_sim(started, SimSpec(replicas, time_scale=time_scale), python_args=prefix)
+        spec = SimSpec(replicas, time_scale=time_scale, kv_events_port=events_port)
+        sim = start_sim(started, spec, python_args=prefix)
         urls = list(sim.urls)
         port = int(urls[0].rsplit(":", 1)[1])
         process = psutil.Process(sim.process.pid)
+        endpoints = (
+            [] if events_port is None else [f"tcp://127.0.0.1:{events_port + i}" for i in range(replicas)]
+        )
+        drains = [asyncio.create_task(_drain_events(endpoint, batches)) for endpoint in endpoints]
         async with aiohttp.ClientSession() as session:
             await sim.ready(session)
             counts = [0]
@@ -141,11 +168,14 @@ async def serving_cost(replicas: int, streams: int, duration_s: float, time_scal
             own_s = time.process_time() - own_before
             cpu_after = process.cpu_times()
             metrics_after = await _metrics(session, urls)
+        for task in drains:
+            task.cancel()
     cpu_s = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
     tokens, lag_s, busy_s = (metrics_after[name] - metrics_before[name] for name in _SUMMED)
     lag_ratio = lag_s / busy_s if busy_s else 0.0
     per_token_us = cpu_s / tokens * 1e6 if tokens else float("nan")
-    print(f"== serving cost: {replicas} replicas x {streams} streams, {elapsed:.1f} s, scale {time_scale:g}")
+    setup = f"{replicas} replicas x {streams} streams, {elapsed:.1f} s, scale {time_scale:g}"
+    print(f"== serving cost: {setup}{', KV events on' if events else ''}")
     rate = f"({tokens / elapsed:,.0f}/s; client saw {counts[0]:,} events)"
     print(f"streamed tokens        {tokens:>10,.0f}   {rate}")
     user_s = cpu_after.user - cpu_before.user
@@ -154,6 +184,8 @@ async def serving_cost(replicas: int, streams: int, duration_s: float, time_scal
     print(f"client CPU             {own_s:>10.2f} s    ({own_s / elapsed * 100:.0f} % of one core)")
     print(f"CPU per streamed token {per_token_us:>10.1f} us   (target <= {_CPU_TARGET_US:g} us)")
     print(f"step-loop lag          {lag_ratio * 100:>10.2f} %    (target < {_LAG_LIMIT_RATIO * 100:g} %)")
+    if events:
+        print(f"KV event batches       {batches[0]:>10,}   (received by this process)")
     if lag_ratio >= _LAG_LIMIT_RATIO:
         print("RUN INVALID: the simulator lagged its schedule materially; raise --time-scale")
 
@@ -165,10 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--duration-s", type=float, default=20.0)
     parser.add_argument("--time-scale", type=float, default=1.0)
+    parser.add_argument("--kv-events", action="store_true", help="replicas publish KV events, drained here")
     args = parser.parse_args(argv)
     with recorded(args.out):
         profile_figures(args.profile)
-        asyncio.run(serving_cost(args.replicas, args.streams, args.duration_s, args.time_scale))
+        asyncio.run(
+            serving_cost(args.replicas, args.streams, args.duration_s, args.time_scale, args.kv_events)
+        )
     return 0
 
 

@@ -38,6 +38,8 @@ class SimSpec:
     seed: int | None = None
     cold_start_s: float = 0.0
     spare_ports: int = 0
+    kv_events_port: int | None = None
+    """Replica i publishes its KV cache events on this port + i."""
 
     def arguments(self, port: int, control_port: int) -> list[str]:
         args = ["sim", "--replicas", str(self.replicas), "--port", str(port)]
@@ -49,6 +51,7 @@ class SimSpec:
             ("--max-num-seqs", self.max_num_seqs),
             ("--time-scale", self.time_scale),
             ("--seed", self.seed),
+            ("--kv-events-port", self.kv_events_port),
         ):
             if value is not None:
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]

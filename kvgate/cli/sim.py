@@ -4,6 +4,7 @@ Replica ``i`` listens on ``--port + i`` once its cold start has passed; the cont
 ``kvgate.sim.fleet``) listens on ``--control-port`` (default ``--port + 100``). Profile numbers
 can be overridden from the command line; a bad value is one line, ``kvgate sim: error: ...``, and
 exit status 2. ``--time-scale`` multiplies every simulated duration (as ``kvgate up``'s does).
+``--kv-events-port P`` makes replica ``i`` publish vLLM's KV cache events on ``P + i`` (off by default).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from kvgate.cli.command import CommandError, report
 from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
+from kvgate.sim.kv_publisher import KvEventsConfig
 from kvgate.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
 from kvgate.sim.replica import SimReplica
 from kvgate.vocabulary.replica import Role
@@ -28,6 +30,8 @@ _OVERRIDES = (
     "warmup_s",
     "kv_link_bytes_per_s",
     "kv_transfer_timeout_s",
+    "cpu_offload_tokens",
+    "cpu_offload_bytes_per_s",
 )
 
 
@@ -78,6 +82,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="prefill role: seconds a hand-off waits to be pulled before it is dropped (default 480)",
     )
+    parser.add_argument(
+        "--cpu-offload-tokens",
+        type=int,
+        default=None,
+        help="host-memory KV tier of this many tokens, as vLLM's --kv-offloading-size (default 0: none)",
+    )
+    parser.add_argument(
+        "--cpu-offload-bytes-per-s",
+        type=float,
+        default=None,
+        help="the host link a prefix found only in host memory loads over, in bytes/s (default 25e9)",
+    )
+    parser.add_argument(
+        "--kv-events-port",
+        type=int,
+        default=None,
+        help="publish vLLM's KV cache events over ZMQ, replica i on this port + i (default: off)",
+    )
+    parser.add_argument(
+        "--kv-events-topic", default="kv-events", help="the events' topic frame (default kv-events)"
+    )
+    parser.add_argument(
+        "--kv-events-replay-port",
+        type=int,
+        default=None,
+        help="answer vLLM's replay requests (a ZMQ ROUTER), replica i on this port + i (default: off)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds output lengths and ids (default 0)")
 
 
@@ -102,6 +133,13 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(str(exc)) from None
     if args.replicas < 0 or args.time_scale < 0:
         raise CommandError("--replicas and --time-scale must be >= 0")
+    kv_events = None
+    if args.kv_events_port is not None:
+        if args.kv_events_port <= 0 or (args.kv_events_replay_port or 1) <= 0:
+            raise CommandError("--kv-events-port and --kv-events-replay-port must be > 0")
+        kv_events = KvEventsConfig(args.kv_events_port, args.kv_events_topic, args.kv_events_replay_port)
+    elif args.kv_events_replay_port is not None:
+        raise CommandError("--kv-events-replay-port needs --kv-events-port")
     cold_start_s = profile.cold_start_s if args.cold_start_s is None else args.cold_start_s
     control_port = args.port + 100 if args.control_port is None else args.control_port
     fleet = SimFleet(
@@ -117,6 +155,7 @@ def run(args: argparse.Namespace) -> int:
         control_port=control_port,
         wait_ready=False,
         role=args.role,
+        kv_events=kv_events,
     )
     with contextlib.suppress(KeyboardInterrupt):
         _runner(_serve(fleet, cold_start_s * args.time_scale))
@@ -138,6 +177,9 @@ async def _serve(fleet: SimFleet, load_s: float) -> None:
     )
     for url in fleet.urls:
         print(f"  replica {url}/v1  (listening in {load_s:g} s)", flush=True)
+    for replica in fleet.replicas:
+        if replica.kv_events_endpoint is not None:
+            print(f"  replica {replica.index} KV events {replica.kv_events_endpoint}", flush=True)
     print(f"  control {fleet.control_url}/replicas", flush=True)
     announcements = [asyncio.create_task(_announce(r)) for r in fleet.replicas]
     stop = asyncio.Event()

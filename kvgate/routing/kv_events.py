@@ -8,7 +8,9 @@ tagged by their first key, ``type``. ``BlockStored`` carries the new full blocks
 of the block before the first (nil at the start of a prompt), their tokens and the block size;
 ``BlockRemoved`` the evicted blocks' hashes (one event per block, just before the ``BlockStored``
 that needed the room); ``AllBlocksCleared`` that the whole cache was reset. ``medium`` says which
-tier: ``GPU`` (vLLM says so on a CPU build too), ``CPU`` for a host-memory tier.
+tier: ``GPU`` (vLLM says so on a CPU build too), ``CPU`` for a host-memory tier. The host tier's events
+come from vLLM's offloading connector in its own form: a ``BlockStored`` with no tokens, no parent and
+``block_size`` 0, a ``BlockRemoved`` of every block one store evicted, neither with ``group_idx``.
 
 Hashes come as uint64 (vLLM's default) or as the raw digest (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0``),
 which reads as the same uint64 (its last eight bytes), so either matches the other. The decoder
@@ -39,7 +41,8 @@ class BlockStored:
     block_hashes: tuple[int, ...]
     parent_block_hash: int | None
     token_ids: tuple[int, ...]
-    """Every stored block's tokens, concatenated: ``len(block_hashes) * block_size`` of them."""
+    """Every stored block's tokens, concatenated: ``len(block_hashes) * block_size`` of them; none
+    from the offloading connector (a host-tier store)."""
     block_size: int
     medium: str = GPU
 
@@ -99,9 +102,9 @@ def _event(item: Any) -> KvEvent | None:
         parent = item.get("parent_block_hash")
         tokens = item.get("token_ids")
         size = item.get("block_size")
-        if not isinstance(tokens, list) or not isinstance(size, int) or size <= 0:
+        if not isinstance(tokens, list) or not isinstance(size, int) or size < 0:
             raise KvEventError("BlockStored without token_ids or block_size")
-        if len(tokens) != len(hashes) * size:
+        if tokens and len(tokens) != len(hashes) * size:
             raise KvEventError(f"BlockStored: {len(tokens)} tokens for {len(hashes)} blocks of {size}")
         return BlockStored(
             hashes,
@@ -129,12 +132,24 @@ def _medium(item: dict[str, Any]) -> str:
 
 
 def encode_batch(batch: KvEventBatch) -> bytes:
-    """The payload a vLLM 0.32 publisher writes for ``batch`` (no LoRA, no cache salt, one KV group)."""
+    """The payload a vLLM 0.32 publisher writes for ``batch`` (no LoRA, no cache salt, one KV group); a
+    ``BlockStored`` without tokens, and a ``BlockRemoved`` off the GPU, in the offloading connector's form."""
     payload: bytes = msgpack.packb([batch.ts, [_encoded(e) for e in batch.events], batch.data_parallel_rank])
     return payload
 
 
 def _encoded(event: KvEvent) -> dict[str, Any]:
+    if isinstance(event, BlockStored) and not event.token_ids:
+        return {
+            "type": "BlockStored",
+            "block_hashes": list(event.block_hashes),
+            "parent_block_hash": event.parent_block_hash,
+            "token_ids": [],
+            "block_size": event.block_size,
+            "lora_id": None,
+            "medium": event.medium,
+            "lora_name": None,
+        }
     if isinstance(event, BlockStored):
         return {
             "type": "BlockStored",
@@ -151,6 +166,8 @@ def _encoded(event: KvEvent) -> dict[str, Any]:
         }
     if isinstance(event, BlockRemoved):
         hashes = list(event.block_hashes)
+        if event.medium != GPU:
+            return {"type": "BlockRemoved", "block_hashes": hashes, "medium": event.medium}
         return {"type": "BlockRemoved", "block_hashes": hashes, "medium": event.medium, "group_idx": 0}
     return {"type": "AllBlocksCleared"}
 

@@ -11,6 +11,14 @@ one whose prompt KV was transferred from a prefill instance (disaggregated servi
 for the rest of its prompt as already computed, so only its last prompt token is run, as vLLM's
 decode instance does once a connector has loaded the remote KV. A preempted sequence has lost that
 KV and prefills itself.
+
+Blocks are cached as vLLM caches them: when the step that fills them is scheduled, prompt and
+generated blocks alike, so a request admitted later in the same step already finds them. With a
+host tier (``cpu_offload_tokens``, vLLM's native KV offloading) every cached block is also copied to
+host memory; a prefix found only there is loaded back over the host link (``cpu_offload_bytes_per_s``,
+one load at a time) while the request waits, its GPU blocks held, and other requests run; once
+loaded it is computed from there, as vLLM's offloading connector does. Given ``BlockDigests``, the
+engine also records the KV cache events vLLM would publish (``CacheEventLog``), step by step.
 The engine does no I/O and reads no clock: the same inputs always give the same steps, which is
 what lets tests and discrete-event replays drive it synchronously.
 """
@@ -22,12 +30,17 @@ import random
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
+from kvgate.routing.kv_events import KvEvent
 from kvgate.routing.prefix_hash import block_hashes
+from kvgate.sim.cache_events import CacheEventLog
+from kvgate.sim.host_tier import HostTier
 from kvgate.sim.kv_cache import BlockPool
 from kvgate.sim.profile import Profile, step_duration_s
 from kvgate.sim.stats import EngineStats
+from kvgate.sim.vllm_block_hash import BlockDigests
 
 
 @dataclass(slots=True, eq=False)
@@ -46,6 +59,18 @@ class EngineRequest:
     num_output_tokens: int = 0
     num_registered_blocks: int = 0
     blocks: list[int] = field(default_factory=list)
+    output_hashes: list[int] = field(default_factory=list)
+    """Chained hashes of the blocks generated text filled, after ``prompt_hashes``."""
+    num_cached_tokens: int = -1
+    """Prompt tokens its first admission found computed (GPU hits, host loads, a transfer); -1 before."""
+    num_external_tokens: int = 0
+    """Of those, the ones that came from outside the GPU cache (host tier or a prefill instance)."""
+    load_done_s: float = 0.0
+    """While its prefix loads from the host tier: when the load ends."""
+    loading: tuple[int, ...] = ()
+    """While its prefix loads from the host tier: the hashes of the blocks that load brings in."""
+    prefix_loaded: bool = False
+    """Its prefix was just loaded from the host tier into the GPU cache, for its next admission."""
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
@@ -69,10 +94,32 @@ class StepResult:
     num_decode_seqs: int
     produced: tuple[EngineRequest, ...]
     """Sequences that produced one token this step; those with ``finish_reason`` set are done."""
+    kv_events: tuple[KvEvent, ...] = ()
+    """What vLLM would publish for this step (empty unless the engine was given ``BlockDigests``)."""
 
     @property
     def end_s(self) -> float:
         return self.start_s + self.duration_s
+
+
+_GENERATED_PERIOD = 997
+_GENERATED_IDS = tuple(1000 + n * 7 % _GENERATED_PERIOD for n in range(2 * _GENERATED_PERIOD))
+"""Two periods, so any run of up to one period is a single slice."""
+
+
+def generated_token_id(position: int) -> int:
+    """The id of the ``position``-th generated token. The simulator's text is a fixed cycle of words
+    that no client turns back into ids; its ids only need to be fixed so generated blocks hash (and
+    announce) as vLLM's do."""
+    return _GENERATED_IDS[position % _GENERATED_PERIOD]
+
+
+def generated_token_ids(first: int, stop: int) -> tuple[int, ...]:
+    """``generated_token_id`` of positions ``first .. stop - 1``."""
+    offset = first % _GENERATED_PERIOD
+    if stop - first <= _GENERATED_PERIOD:
+        return _GENERATED_IDS[offset : offset + stop - first]
+    return tuple(generated_token_id(n) for n in range(first, stop))
 
 
 def natural_length_tokens(profile: Profile, seed: int, request_id: str) -> int:
@@ -83,15 +130,34 @@ def natural_length_tokens(profile: Profile, seed: int, request_id: str) -> int:
     )
 
 
+_LOADING = -1
+_SKIPPED = -2
+"""What ``Engine._admit`` answers, besides the tokens a request runs, when it runs none yet."""
+
+
 class Engine:
-    def __init__(self, profile: Profile, seed: int = 0, ready_s: float = 0.0) -> None:
+    def __init__(
+        self, profile: Profile, seed: int = 0, ready_s: float = 0.0, digests: BlockDigests | None = None
+    ) -> None:
+        """``digests``: record vLLM's KV cache events (``StepResult.kv_events``), hashed with them."""
         self.profile = profile
         self.seed = seed
         self.ready_s = ready_s
-        self.pool = BlockPool(profile.num_gpu_blocks)
+        self.pool = BlockPool(profile.num_gpu_blocks, track_evictions=digests is not None)
+        self.host = HostTier(profile.num_cpu_blocks) if profile.num_cpu_blocks > 0 else None
+        self.events = (
+            CacheEventLog(profile.block_size_tokens, profile.num_gpu_blocks, digests)
+            if digests is not None
+            else None
+        )
         self.stats = EngineStats()
         self._waiting: deque[EngineRequest] = deque()
         self._running: list[EngineRequest] = []
+        self._loading: deque[EngineRequest] = deque()
+        """Admitted requests whose prefix is loading from the host tier, in the order loads end."""
+        self._host_link_free_s = 0.0
+        self._being_loaded: set[int] = set()
+        """Hashes of the blocks pending loads bring in."""
 
     @property
     def num_running(self) -> int:
@@ -99,7 +165,8 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        """Queued requests, those loading their prefix from the host tier included (as vLLM counts)."""
+        return len(self._waiting) + len(self._loading)
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -107,7 +174,21 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._running or self._waiting)
+        return bool(self._running or self._waiting or self._loading)
+
+    @property
+    def next_load_done_s(self) -> float | None:
+        """When the first pending host-tier load ends: a step before then may have nothing to run."""
+        return self._loading[0].load_done_s if self._loading else None
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget the GPU prefix cache, as vLLM's ``/reset_prefix_cache``: refused (False) while a
+        request holds blocks; the host tier is kept, as vLLM keeps its connector's unless asked."""
+        if not self.pool.reset():
+            return False
+        if self.events is not None:
+            self.events.cleared()
+        return True
 
     def add_request(
         self,
@@ -152,15 +233,19 @@ class Engine:
             return
         if request in self._waiting:
             self._waiting.remove(request)
+        elif request in self._loading:
+            self._loading.remove(request)
+            self._being_loaded.difference_update(request.loading)
         else:
             self._running.remove(request)
+        if request.blocks:
             self.pool.free(request.blocks)
             request.blocks = []
         request.finish_reason = "abort"
         self.stats.request_success["abort"] += 1
 
     def abort_all(self) -> None:
-        for request in [*self._running, *self._waiting]:
+        for request in [*self._running, *self._waiting, *self._loading]:
             self.abort(request)
 
     def step(self, now_s: float) -> StepResult:
@@ -169,7 +254,10 @@ class Engine:
         block_size = profile.block_size_tokens
         budget = profile.max_num_batched_tokens
         scheduled: list[tuple[EngineRequest, int]] = []
+        skipped: list[EngineRequest] = []
         preempted = False
+        if self._loading and self._loading[0].load_done_s <= now_s:
+            self._finish_loads(now_s)
 
         index = 0
         while index < len(self._running) and budget > 0:
@@ -188,39 +276,123 @@ class Engine:
                         break
                 if victim is request:
                     break
+            if (request.num_registered_blocks + 1) * block_size <= computed + num_new:
+                self._cache_full_blocks(request, computed + num_new)
             scheduled.append((request, num_new))
             budget -= num_new
             index += 1
 
         while not preempted and self._waiting and budget > 0 and len(self._running) < profile.max_num_seqs:
             request = self._waiting[0]
-            max_hit_blocks = (request.num_tokens - 1) // block_size
-            hits = self.pool.cached_prefix(request.prompt_hashes[:max_hit_blocks])
-            num_cached = len(hits) * block_size
-            num_done = request.num_tokens - 1 if request.kv_transferred else num_cached
-            num_new = min(request.num_tokens - num_done, budget)
-            self.pool.touch(hits)
-            fresh = self.pool.allocate(-(-(num_done + num_new) // block_size) - len(hits))
-            if fresh is None:
-                self.pool.free(hits)
+            admitted = self._admit(request, now_s, budget)
+            if admitted is None:
                 break
             self._waiting.popleft()
-            request.blocks = hits + fresh
-            request.num_computed_tokens = num_done
-            request.kv_transferred = False
-            request.num_registered_blocks = len(hits)
-            self.stats.prefix_cache_queries_tokens += request.num_tokens
-            self.stats.prefix_cache_hits_tokens += num_cached
+            if admitted == _LOADING:
+                self._loading.append(request)
+                continue
+            if admitted == _SKIPPED:
+                skipped.append(request)
+                continue
+            num_new = admitted
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now_s
-                self.stats.first_schedule_queries_tokens += request.num_tokens
-                self.stats.first_schedule_hits_tokens += num_cached
                 self.stats.queue_s.observe(now_s - request.arrival_s)
+            computed = request.num_computed_tokens
+            if (request.num_registered_blocks + 1) * block_size <= computed + num_new:
+                self._cache_full_blocks(request, computed + num_new)
             self._running.append(request)
             scheduled.append((request, num_new))
             budget -= num_new
+        self._waiting.extendleft(reversed(skipped))
 
         return self._finish_step(now_s, scheduled)
+
+    def _admit(self, request: EngineRequest, now_s: float, budget: int) -> int | None:
+        """Look a queued request's prefix up and give it blocks: the tokens it runs this step,
+        ``_LOADING`` if it first loads its prefix from the host tier, ``_SKIPPED`` if part of that prefix
+        is being loaded for another request (vLLM loads a block once; this one waits for that load and
+        lets those behind it go first), ``None`` if the blocks are not there (it and all behind wait)."""
+        block_size = self.profile.block_size_tokens
+        hashes = self._hashes(request)
+        max_hit_blocks = (request.num_tokens - 1) // block_size
+        hits = self.pool.cached_prefix(hashes[:max_hit_blocks])
+        num_cached = len(hits) * block_size
+        host_blocks = 0
+        if self.host is not None and not request.kv_transferred and len(hits) < max_hit_blocks:
+            host_blocks = self.host.cached_prefix(hashes[len(hits) : max_hit_blocks])
+        if host_blocks:
+            loading = tuple(hashes[len(hits) : len(hits) + host_blocks])
+            if not self._being_loaded.isdisjoint(loading):
+                return _SKIPPED
+            num_done = num_cached
+            num_new = 0
+            num_blocks = len(hits) + host_blocks
+        else:
+            num_done = request.num_tokens - 1 if request.kv_transferred else num_cached
+            num_new = min(request.num_tokens - num_done, budget)
+            num_blocks = -(-(num_done + num_new) // block_size)
+        self.pool.touch(hits)
+        fresh = self._allocate(num_blocks - len(hits))
+        if fresh is None:
+            self.pool.free(hits)
+            return None
+        request.blocks = hits + fresh
+        request.num_computed_tokens = num_done
+        request.num_registered_blocks = len(hits)
+        if request.prefix_loaded:
+            request.prefix_loaded = False
+        else:
+            self._count_lookup(request, num_cached, host_blocks * block_size, num_done - num_cached)
+        request.kv_transferred = False
+        if not host_blocks:
+            return num_new
+        profile = self.profile
+        load_s = host_blocks * block_size * profile.kv_bytes_per_token / profile.cpu_offload_bytes_per_s
+        request.load_done_s = self._host_link_free_s = max(now_s, self._host_link_free_s) + load_s
+        request.loading = loading
+        self._being_loaded.update(loading)
+        return _LOADING
+
+    def _count_lookup(
+        self, request: EngineRequest, device_tokens: int, host_tokens: int, transferred_tokens: int
+    ) -> None:
+        """vLLM's counters of one admission: GPU hits as prefix-cache hits, the host tier's (and a
+        prefill instance's transfer) as external hits; by source at the request's first admission."""
+        stats = self.stats
+        stats.prefix_cache_queries_tokens += request.num_tokens
+        stats.prefix_cache_hits_tokens += device_tokens
+        if self.host is not None or transferred_tokens:
+            stats.external_prefix_cache_queries_tokens += request.num_tokens
+            stats.external_prefix_cache_hits_tokens += host_tokens + transferred_tokens
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = device_tokens + host_tokens + transferred_tokens
+            request.num_external_tokens = host_tokens + transferred_tokens
+            stats.first_schedule_queries_tokens += request.num_tokens
+            stats.first_schedule_hits_tokens += device_tokens
+            stats.cached_tokens_by_source["device"] += device_tokens
+            stats.cached_tokens_by_source["host"] += host_tokens
+            stats.cached_tokens_by_source["p2p"] += transferred_tokens
+
+    def _finish_loads(self, now_s: float) -> None:
+        """Requests whose host-tier load has ended: their loaded blocks are cached on the GPU (vLLM
+        caches them when the connector reports the load) and they go back to the head of the queue.
+        Unlike vLLM, which holds the blocks for the request, they are released into the cache for the
+        request's next lookup to find (a queued request holding blocks could starve the one ahead of
+        it with nothing running), and that lookup is not counted again."""
+        done: list[EngineRequest] = []
+        while self._loading and self._loading[0].load_done_s <= now_s:
+            request = self._loading.popleft()
+            self._being_loaded.difference_update(request.loading)
+            request.loading = ()
+            self._cache_full_blocks(request, len(request.blocks) * self.profile.block_size_tokens)
+            self.pool.free(request.blocks)
+            request.blocks = []
+            request.num_computed_tokens = 0
+            request.num_registered_blocks = 0
+            request.prefix_loaded = True
+            done.append(request)
+        self._waiting.extendleft(reversed(done))
 
     def _finish_step(self, now_s: float, scheduled: list[tuple[EngineRequest, int]]) -> StepResult:
         profile = self.profile
@@ -245,14 +417,15 @@ class Engine:
         steady_decodes = 0
         for request, num_new in scheduled:
             request.num_computed_tokens += num_new
-            if request.num_registered_blocks < len(request.prompt_hashes):
-                self._register_full_blocks(request)
             if request.num_computed_tokens < len(request.prompt_token_ids) + request.num_output_tokens:
                 continue
             request.num_output_tokens += 1
             if request.first_token_s is None:
                 request.first_token_s = end_s
                 stats.prompt_tokens += request.num_prompt_tokens
+                stats.count_prompt_sources(
+                    request.num_prompt_tokens, request.num_cached_tokens, request.num_external_tokens
+                )
                 stats.ttft_s.observe(end_s - request.arrival_s)
             elif request.last_token_s == now_s:
                 steady_decodes += 1
@@ -284,17 +457,27 @@ class Engine:
             num_prefill_seqs=len(scheduled) - num_decode,
             num_decode_seqs=num_decode,
             produced=tuple(produced),
+            kv_events=self.events.take() if self.events is not None else (),
         )
 
     def _grow(self, request: EngineRequest, num_tokens: int) -> bool:
         needed = -(-num_tokens // self.profile.block_size_tokens) - len(request.blocks)
         if needed <= 0:
             return True
-        fresh = self.pool.allocate(needed)
+        fresh = self._allocate(needed)
         if fresh is None:
             return False
         request.blocks.extend(fresh)
         return True
+
+    def _allocate(self, count: int) -> list[int] | None:
+        fresh = self.pool.allocate(count)
+        evicted = self.pool.evicted
+        if evicted:
+            assert self.events is not None
+            self.events.evicted(evicted)
+            evicted.clear()
+        return fresh
 
     def _preempt(self, request: EngineRequest) -> None:
         self.pool.free(request.blocks)
@@ -304,11 +487,68 @@ class Engine:
         self.stats.num_preemptions += 1
         self._waiting.appendleft(request)
 
-    def _register_full_blocks(self, request: EngineRequest) -> None:
+    def _cache_full_blocks(self, request: EngineRequest, num_tokens: int) -> None:
+        """Cache the request's blocks that its first ``num_tokens`` fill, as vLLM does when it schedules
+        the step that computes them; copy them to the host tier; announce both."""
         block_size = self.profile.block_size_tokens
-        hashes = request.prompt_hashes
-        registered = request.num_registered_blocks
-        while registered < len(hashes) and (registered + 1) * block_size <= request.num_computed_tokens:
-            self.pool.register(request.blocks[registered], hashes[registered])
-            registered += 1
-        request.num_registered_blocks = registered
+        start = request.num_registered_blocks
+        stop = num_tokens // block_size
+        if stop > len(request.prompt_hashes) + len(request.output_hashes):
+            self._hash_generated_blocks(request, stop)
+        hashes = self._hashes(request)
+        blocks = request.blocks
+        register = self.pool.register
+        for index in range(start, stop):
+            register(blocks[index], hashes[index])
+        request.num_registered_blocks = stop
+        events = self.events
+        if events is None and self.host is None:
+            return
+        published = (
+            events.stored(
+                blocks,
+                hashes,
+                start,
+                stop,
+                self._tokens(request, start * block_size, stop * block_size),
+                partial(self._block_tokens, request),
+            )
+            if events is not None
+            else [0] * (stop - start)
+        )
+        if self.host is not None:
+            store = self.host.store(hashes[start:stop], published)
+            if events is not None:
+                events.host_stored(store)
+
+    def _hashes(self, request: EngineRequest) -> Sequence[int]:
+        """The chained hashes of every full block the request has filled so far, prompt then output."""
+        if not request.output_hashes:
+            return request.prompt_hashes
+        return [*request.prompt_hashes, *request.output_hashes]
+
+    def _hash_generated_blocks(self, request: EngineRequest, num_blocks: int) -> None:
+        """Extend the request's chain over generated text up to ``num_blocks`` full blocks."""
+        hashes = request.output_hashes
+        num_prompt_blocks = len(request.prompt_hashes)
+        for index in range(num_prompt_blocks + len(hashes), num_blocks):
+            tokens = self._block_tokens(request, index)
+            parent = hashes[-1] if hashes else request.prompt_hashes[-1] if num_prompt_blocks else None
+            if parent is None:
+                hashes.append(block_hashes(tokens, self.profile.block_size_tokens)[0])
+            else:
+                hashes.append(hash((parent, tokens)))
+
+    def _block_tokens(self, request: EngineRequest, index: int) -> tuple[int, ...]:
+        """Block ``index``'s token ids."""
+        block_size = self.profile.block_size_tokens
+        return self._tokens(request, index * block_size, (index + 1) * block_size)
+
+    def _tokens(self, request: EngineRequest, start: int, stop: int) -> tuple[int, ...]:
+        """The ids of the request's tokens ``start .. stop - 1``: its prompt's, then generated ones."""
+        prompt = request.prompt_token_ids
+        num_prompt = len(prompt)
+        if stop <= num_prompt:
+            return tuple(prompt[start:stop])
+        head = tuple(prompt[start:num_prompt]) if start < num_prompt else ()
+        return head + generated_token_ids(max(start, num_prompt) - num_prompt, stop - num_prompt)

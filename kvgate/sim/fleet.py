@@ -5,16 +5,23 @@ happened to it since; ``live`` lists the ones not killed or removed. Ports are c
 (``port`` … ``port + N - 1``, or free ephemeral ports when ``port`` is 0), so a replica's URL is
 known during its cold start while its port still refuses connections.
 
+With ``kv_events``, replica ``i`` publishes its KV cache events on ``kv_events.port + i`` (a free
+port when that is 0); its vLLM block hashes come from one ``BlockDigests`` the fleet shares, seeded as
+vLLM's are by ``PYTHONHASHSEED`` if set.
+
 Control API (``control_port``; JSON in and out): ``GET /replicas`` lists ``{id, url, port, state,
-role}``; ``POST /replicas`` adds one (body ``{"cold_start_s": S, "role": R}``, both optional) and
-answers at once while it loads; ``DELETE /replicas/{id}`` drains then removes it;
-``POST /replicas/{id}/kill``, ``/pause``, ``/resume`` and ``/drain`` apply that fault or transition.
+role, kv_events_endpoint}``; ``POST /replicas`` adds one (body ``{"cold_start_s": S, "role": R,
+"kv_events": B}``, all optional) and answers at once while it loads; ``DELETE /replicas/{id}`` drains
+then removes it; ``POST /replicas/{id}/kill``, ``/pause``, ``/resume`` and ``/drain`` apply that fault
+or transition; ``POST /replicas/{id}/reset_prefix_cache`` resets its prefix cache (``{"success": B}``,
+false while requests hold blocks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 from collections.abc import Mapping
 from types import TracebackType
@@ -24,14 +31,16 @@ import orjson
 
 from kvgate.admission.tokenizer import ChatTemplate, Tokenizer
 from kvgate.sim.http import Connection, Request
+from kvgate.sim.kv_publisher import KvEventsConfig
 from kvgate.sim.ports import free_ports
 from kvgate.sim.profile import DEFAULT_PROFILE, resolve_profile
 from kvgate.sim.protocol import parse_body
 from kvgate.sim.replica import SimReplica, parse_role
+from kvgate.sim.vllm_block_hash import BlockDigests
 from kvgate.vocabulary.replica import Role
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-_REPLICA_PATH = re.compile(r"^/replicas/(\d+)(?:/(kill|pause|resume|drain))?$")
+_REPLICA_PATH = re.compile(r"^/replicas/(\d+)(?:/(kill|pause|resume|drain|reset_prefix_cache))?$")
 
 
 async def _load(replica: SimReplica, cold_start_s: float) -> None:
@@ -59,6 +68,7 @@ class SimFleet:
         tokenizer: Tokenizer | None = None,
         chat_template: ChatTemplate | None = None,
         role: Role | str = Role.MIXED,
+        kv_events: KvEventsConfig | None = None,
     ) -> None:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
@@ -83,6 +93,8 @@ class SimFleet:
         self._control: asyncio.Server | None = None
         self._control_conns: set[Connection] = set()
         self.control_url: str | None = None
+        self.kv_events = kv_events
+        self._digests: BlockDigests | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -136,14 +148,20 @@ class SimFleet:
             self._control = None
 
     async def add_replica(
-        self, cold_start_s: float | None = None, role: Role | str | None = None
+        self, cold_start_s: float | None = None, role: Role | str | None = None, kv_events: bool | None = None
     ) -> SimReplica:
         """Create a replica and begin loading it; it listens once its cold start has passed.
 
-        ``role`` defaults to the fleet's. With no cold start the replica is serving when this
-        returns; otherwise await ``replica.wait_ready()``.
+        ``role`` defaults to the fleet's; ``kv_events`` to whether the fleet publishes them (on a free
+        port if the fleet has no ``kv_events`` of its own). With no cold start the replica is serving
+        when this returns; otherwise await ``replica.wait_ready()``.
         """
         index = len(self.replicas)
+        events = None
+        if kv_events or (kv_events is None and self.kv_events is not None):
+            events = (self.kv_events or KvEventsConfig()).for_replica(index)
+            if self._digests is None:
+                self._digests = BlockDigests(os.environ.get("PYTHONHASHSEED"))
         cold = self.cold_start_s if cold_start_s is None else cold_start_s
         loading = cold > 0 and self.time_scale > 0
         port = self._next_port() if (self._base_port or loading) else 0
@@ -159,6 +177,8 @@ class SimFleet:
             tokenizer=self._tokenizer,
             chat_template=self._chat_template,
             role=self.role if role is None else role,
+            kv_events=events,
+            digests=self._digests,
         )
         self.replicas.append(replica)
         if loading:
@@ -190,6 +210,10 @@ class SimFleet:
     async def drain(self, i: int) -> None:
         await self.replicas[i].drain()
 
+    def reset_prefix_cache(self, i: int) -> bool:
+        """Reset replica ``i``'s GPU prefix cache; False while requests hold blocks there."""
+        return self.replicas[i].engine.reset_prefix_cache()
+
     async def remove(self, i: int) -> None:
         """Drain replica ``i`` (in-flight requests finish), then shut it down for good."""
         await self.replicas[i].drain()
@@ -203,6 +227,7 @@ class SimFleet:
             "port": replica.port,
             "state": replica.state,
             "role": replica.role.value,
+            "kv_events_endpoint": replica.kv_events_endpoint,
         }
 
     def _handle_control(self, conn: Connection, request: Request) -> None:
@@ -231,7 +256,10 @@ class SimFleet:
                     parse_role(role)
                 except ValueError as exc:
                     return 400, {"detail": str(exc)}
-                replica = await self.add_replica(float(cold), role)
+                kv_events = body.get("kv_events")
+                if kv_events is not None and not isinstance(kv_events, bool):
+                    return 400, {"detail": f"kv_events must be true or false, got {kv_events!r}"}
+                replica = await self.add_replica(float(cold), role, kv_events)
                 return 201, self._describe(replica)
             return 405, {"detail": "Method Not Allowed"}
         match = _REPLICA_PATH.match(path)
@@ -241,6 +269,8 @@ class SimFleet:
         if index >= len(self.replicas):
             return 404, {"detail": f"no replica {index}"}
         action = match.group(2)
+        if action == "reset_prefix_cache" and method == "POST":
+            return 200, {"success": self.reset_prefix_cache(index)}
         if action is None and method == "DELETE":
             await self.remove(index)
         elif action is not None and method == "POST":

@@ -1,11 +1,13 @@
 """The KV block pool with a prefix cache, as vLLM v1's block manager keeps it.
 
 Blocks are integers ``0..num_blocks-1``. A block is either held (reference count > 0) or in the
-free queue. Full prompt blocks carry a chained hash (``kvgate.routing.prefix_hash``) and stay findable
+free queue. Full blocks carry a chained hash (``kvgate.routing.prefix_hash``) and stay findable
 after their request ends: freed blocks join the tail of an LRU free queue and keep their hash
 until the queue hands them out again, so an idle cached block counts as free capacity yet can still
-be hit. A lookup walks a prompt's hashes and stops at the first miss. Invariant: every block is
-either in the free queue or referenced, never both.
+be hit. A lookup walks a prompt's hashes and stops at the first miss. Two blocks may hold the same
+content (two requests computed the same prompt at once, or a prompt was recomputed up to its last
+token): vLLM keeps both cached, announces each, and a lookup finds either; so does this pool.
+Invariant: every block is either in the free queue or referenced, never both.
 """
 
 from __future__ import annotations
@@ -15,12 +17,18 @@ from collections.abc import Sequence
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, track_evictions: bool = False) -> None:
         self.num_blocks = num_blocks
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}
+        """Hash -> the block a lookup finds."""
+        self._copies: dict[int, list[int]] = {}
+        """Hash -> further blocks holding the same content (rare), found once the first is evicted."""
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.evicted: list[int] | None = [] if track_evictions else None
+        """With ``track_evictions``: blocks whose cached content ``allocate`` dropped, for the caller
+        to announce (their hashes are gone from the pool) and clear."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -51,14 +59,14 @@ class BlockPool:
         """``count`` fresh blocks, evicting the least recently freed; ``None`` if too few are free."""
         if count > len(self._free):
             return None
+        evicted = self.evicted
         blocks: list[int] = []
         for _ in range(count):
             block, _unused = self._free.popitem(last=False)
-            old_hash = self._hash[block]
-            if old_hash is not None:
-                self._hash[block] = None
-                if self._cached.get(old_hash) == block:
-                    del self._cached[old_hash]
+            if self._hash[block] is not None:
+                self._uncache(block)
+                if evicted is not None:
+                    evicted.append(block)
             self._ref[block] = 1
             blocks.append(block)
         return blocks
@@ -71,7 +79,37 @@ class BlockPool:
                 self._free[block] = None
 
     def register(self, block: int, block_hash: int) -> None:
-        """Make a just-filled block findable by its chained hash (first writer wins)."""
-        if self._hash[block] is None and block_hash not in self._cached:
-            self._hash[block] = block_hash
-            self._cached[block_hash] = block
+        """Make a just-filled block findable by its chained hash."""
+        self._hash[block] = block_hash
+        first = self._cached.setdefault(block_hash, block)
+        if first != block:
+            self._copies.setdefault(block_hash, []).append(block)
+
+    def cached_blocks(self) -> list[int]:
+        """Every block that holds cached content, held or idle."""
+        return [block for block, block_hash in enumerate(self._hash) if block_hash is not None]
+
+    def reset(self) -> bool:
+        """Forget every cached hash, as vLLM's ``reset_prefix_cache``; refused (False) while any
+        block is held, since a running request's blocks cannot be uncached under it."""
+        if len(self._free) != self.num_blocks:
+            return False
+        self._hash = [None] * self.num_blocks
+        self._cached.clear()
+        self._copies.clear()
+        return True
+
+    def _uncache(self, block: int) -> None:
+        block_hash = self._hash[block]
+        assert block_hash is not None
+        self._hash[block] = None
+        copies = self._copies.get(block_hash)
+        if self._cached[block_hash] == block:
+            if copies:
+                self._cached[block_hash] = copies.pop()
+            else:
+                del self._cached[block_hash]
+        elif copies is not None:
+            copies.remove(block)
+        if copies is not None and not copies:
+            del self._copies[block_hash]

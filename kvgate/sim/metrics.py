@@ -2,7 +2,8 @@
 
 Names, types and the ``model_name``/``engine`` labels follow vLLM v1's Prometheus logger, so the
 gateway's scraper and dashboards cannot tell the simulator from vLLM; ``vllm:cache_config_info``
-carries the label set of vLLM 0.11 (every ``CacheConfig`` field and ``engine``, no ``model_name``).
+carries the label set of vLLM 0.11 (every ``CacheConfig`` field and ``engine``, no ``model_name``), with
+0.32's ``kv_offloading_backend`` and ``kv_offloading_size`` (GiB) describing the host tier, if any.
 The simulator's own health (how far its step loop ran behind schedule) and its role in disaggregated
 prefill/decode serving are exported next to them as ``kvgate_sim_*``.
 Rendered on demand by string building: a scrape costs nothing between scrapes.
@@ -11,6 +12,7 @@ Rendered on demand by string building: a scrape costs nothing between scrapes.
 from __future__ import annotations
 
 from kvgate.sim.engine import Engine
+from kvgate.sim.profile import Profile
 from kvgate.sim.stats import Histogram
 
 
@@ -18,10 +20,16 @@ def _fmt(value: float) -> str:
     return repr(float(value))
 
 
+def offloading_gib(profile: Profile) -> float:
+    """The host tier as vLLM's ``--kv-offloading-size`` states it: GiB of KV."""
+    return profile.cpu_offload_tokens * profile.kv_bytes_per_token / 2**30
+
+
 def _cache_config_info(engine: Engine, engine_index: int) -> str:
     """vLLM's info gauge of its ``CacheConfig``: every field a label (values as ``str()`` gives them,
     ``None`` included), plus ``engine``, and unlike the other gauges no ``model_name``."""
     profile = engine.profile
+    offloading = profile.num_cpu_blocks > 0
     fields = {
         "block_size": str(profile.block_size_tokens),
         "cache_dtype": "auto",
@@ -33,11 +41,13 @@ def _cache_config_info(engine: Engine, engine_index: int) -> str:
         "gpu_memory_utilization": "0.9",
         "is_attention_free": "False",
         "kv_cache_memory_bytes": "None",
+        "kv_offloading_backend": "native",
+        "kv_offloading_size": str(offloading_gib(profile)) if offloading else "None",
         "kv_sharing_fast_prefill": "False",
         "mamba_cache_dtype": "auto",
         "mamba_page_size_padded": "None",
         "mamba_ssm_cache_dtype": "auto",
-        "num_cpu_blocks": "None",
+        "num_cpu_blocks": str(profile.num_cpu_blocks) if offloading else "None",
         "num_gpu_blocks": str(profile.num_gpu_blocks),
         "num_gpu_blocks_override": "None",
         "prefix_caching_hash_algo": "sha256",
@@ -66,6 +76,11 @@ def render_metrics(
     def counter(name: str, value: float, help_text: str) -> None:
         family(f"{name}_total", "counter", help_text)
         lines.append(f"{name}_total{{{labels}}} {_fmt(value)}")
+
+    def by_source(name: str, counts: dict[str, int], help_text: str) -> None:
+        family(f"{name}_total", "counter", help_text)
+        for source, count in counts.items():
+            lines.append(f'{name}_total{{{labels},source="{source}"}} {_fmt(count)}')
 
     def histogram(name: str, hist: Histogram, help_text: str) -> None:
         family(name, "histogram", help_text)
@@ -101,7 +116,34 @@ def render_metrics(
         stats.first_schedule_hits_tokens,
         "Prefix cache hits in tokens, each request's first schedule only (not again after preemption).",
     )
+    counter(
+        "vllm:external_prefix_cache_queries",
+        stats.external_prefix_cache_queries_tokens,
+        "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number "
+        "of queried tokens.",
+    )
+    counter(
+        "vllm:external_prefix_cache_hits",
+        stats.external_prefix_cache_hits_tokens,
+        "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of "
+        "cached tokens.",
+    )
     counter("vllm:prompt_tokens", stats.prompt_tokens, "Number of prefill tokens processed.")
+    by_source(
+        "vllm:prompt_tokens_by_source", stats.prompt_tokens_by_source, "Number of prompt tokens by source."
+    )
+    counter(
+        "vllm:prompt_tokens_cached",
+        sum(stats.cached_tokens_by_source.values()),
+        "Number of cached prompt tokens (local + external).",
+    )
+    by_source(
+        "vllm:prompt_tokens_cached_by_source",
+        stats.cached_tokens_by_source,
+        "Prefix-cache hit tokens by the cache tier that supplied them: device (local HBM), host (offloaded "
+        "to DRAM), disk, p2p (transferred from another vLLM instance) or external_unspecified. Counted at "
+        "admission; sums to vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.",
+    )
     counter("vllm:generation_tokens", stats.generation_tokens, "Number of generation tokens processed.")
     family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     for reason, count in stats.request_success.items():

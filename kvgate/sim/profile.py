@@ -1,6 +1,6 @@
 """Hardware-and-model profiles: the numbers a simulated replica's cost model runs on.
 
-A profile fixes the KV capacity (in tokens, cut into blocks), the scheduler limits
+A profile fixes the KV capacity (in tokens, cut into blocks) and its host-memory tier, the scheduler limits
 (``max_num_seqs``, ``max_num_batched_tokens``, ``max_model_len``), the roofline constants that turn
 one engine step into seconds, the cold start and warm-up, and the distribution of natural output
 lengths. Every field can be overridden by name; an unknown name or a bad value fails at once with
@@ -43,10 +43,22 @@ class Profile:
     # prefill instance keeps KV no decode instance pulled (vLLM's VLLM_NIXL_ABORT_REQUEST_TIMEOUT).
     kv_link_bytes_per_s: float = 50e9
     kv_transfer_timeout_s: float = 480.0
+    # vLLM's native KV offloading (--kv-offloading-size): a host-memory tier of this many tokens (0: off)
+    # that every computed block is copied to, and the rate a prefix found only there is loaded back at.
+    # 25 GB/s: an H100's PCIe Gen5 x16 host link peaks at 64 GB/s a direction and moves about 50 GB/s
+    # of large pinned copies; vLLM's copies are per block (0.5-2 MB each since 0.12) and share the link
+    # with other traffic, and a Gen4 host caps it at about 25 GB/s. Half the Gen5 figure is the
+    # conservative middle: a load of Llama-3.1-8B's KV runs ~6x faster than recomputing the prefix.
+    cpu_offload_tokens: int = 0
+    cpu_offload_bytes_per_s: float = 25e9
 
     @property
     def num_gpu_blocks(self) -> int:
         return self.kv_capacity_tokens // self.block_size_tokens
+
+    @property
+    def num_cpu_blocks(self) -> int:
+        return self.cpu_offload_tokens // self.block_size_tokens
 
 
 _LLAMA_8B_H100 = Profile(
@@ -141,6 +153,7 @@ _POSITIVE = frozenset(
         "hbm_efficiency_ratio",
         "output_len_median_tokens",
         "kv_link_bytes_per_s",
+        "cpu_offload_bytes_per_s",
     }
 )
 

@@ -16,6 +16,11 @@ bound when loading ended.
 
 Role: a ``mixed`` replica serves requests whole; a ``prefill`` or ``decode`` one serves its half of
 vLLM's disaggregated serving (``kv_transfer``).
+
+KV events: given a ``KvEventsConfig`` the replica publishes its cache's events over ZMQ as vLLM does
+(``kv_publisher``), each step's batch once the step's tokens are out, from the moment it listens;
+``GET /kv_event_sources`` says where, and ``POST /reset_prefix_cache`` (vLLM's dev-mode route) resets
+the GPU prefix cache, announced with the next step.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 import time
 from typing import Any
 
@@ -32,6 +38,7 @@ from kvgate.admission.tokenizer import ChatTemplate, TiktokenTokenizer, Tokenize
 from kvgate.sim.engine import Engine, StepResult
 from kvgate.sim.exchange import Exchange
 from kvgate.sim.http import Connection, Request
+from kvgate.sim.kv_publisher import KvEventPublisher, KvEventsConfig, sources_body
 from kvgate.sim.kv_transfer import HANDOFF_FIELDS, KvTransfers, pull
 from kvgate.sim.metrics import render_metrics
 from kvgate.sim.profile import Profile
@@ -48,6 +55,7 @@ from kvgate.sim.protocol import (
     parse_generation,
     tokenize_body,
 )
+from kvgate.sim.vllm_block_hash import BlockDigests
 from kvgate.vocabulary.replica import Role
 
 # A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far
@@ -65,6 +73,8 @@ _ROUTES = {
     "/version": "GET",
     "/metrics": "GET",
     "/kv/pull": "POST",
+    "/kv_event_sources": "GET",
+    "/reset_prefix_cache": "POST",
 }
 
 
@@ -83,7 +93,10 @@ class SimReplica:
         tokenizer: Tokenizer | None = None,
         chat_template: ChatTemplate | None = None,
         role: Role | str = Role.MIXED,
+        kv_events: KvEventsConfig | None = None,
+        digests: BlockDigests | None = None,
     ) -> None:
+        """``kv_events``: publish KV cache events there; ``digests``: the fleet's shared vLLM hashes."""
         if time_scale < 0:
             raise ValueError(f"time_scale must be >= 0, got {time_scale}")
         self.role = parse_role(role)
@@ -94,7 +107,10 @@ class SimReplica:
         self.port = port
         self.time_scale = time_scale
         self.state = "starting"
-        self.engine = Engine(profile, seed=seed)
+        self.publisher = KvEventPublisher(kv_events, host) if kv_events is not None else None
+        if kv_events is not None and digests is None:
+            digests = BlockDigests(os.environ.get("PYTHONHASHSEED"))
+        self.engine = Engine(profile, seed=seed, digests=digests if kv_events is not None else None)
         self.max_model_len = min(profile.max_model_len, profile.kv_capacity_tokens)
         self.lag_s = 0.0
         self._prompts = PromptEncoder(
@@ -126,6 +142,11 @@ class SimReplica:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def kv_events_endpoint(self) -> str | None:
+        """Where to subscribe to this replica's KV events (its port is known once it listens)."""
+        return self.publisher.endpoint if self.publisher is not None else None
+
     def sim_now(self) -> float:
         """Simulated seconds since this replica was created."""
         if self.time_scale == 0:
@@ -148,10 +169,14 @@ class SimReplica:
         self._prompts.tokenizer.encode("load the vocabulary now, not on the first request")
         loop = asyncio.get_running_loop()
         try:
+            if self.publisher is not None:
+                self.publisher.start()
             self._server = await loop.create_server(
                 lambda: Connection(self._handle, self._conns), self.host, self.port, reuse_address=True
             )
         except OSError as exc:
+            if self.publisher is not None:
+                self.publisher.close()
             self.state = "failed"
             self.error = exc
             self._ready.set()
@@ -217,6 +242,8 @@ class SimReplica:
     def _teardown(self) -> None:
         if self._loop_task is not None:
             self._loop_task.cancel()
+        if self.publisher is not None:
+            self.publisher.close()
         for conn in list(self._conns):
             conn.abort()
         self.engine.abort_all()
@@ -250,9 +277,9 @@ class SimReplica:
             result = engine.step(start_s)
             self._sim_end_s = result.end_s
             if result.num_scheduled_tokens == 0:
+                self._publish(result)
                 continuing = False
-                self._wake.clear()
-                await self._wake.wait()
+                await self._idle_until(engine.next_load_done_s)
                 continue
             if scale > 0:
                 delay = self._t0 + result.end_s * scale - loop.time()
@@ -262,7 +289,25 @@ class SimReplica:
             if self.state == "paused":
                 await self._wait_resumed()
             self._deliver(result)
+            self._publish(result)
             continuing = True
+
+    async def _idle_until(self, sim_s: float | None) -> None:
+        """Nothing to run: wait for a request, or until ``sim_s`` (a host-tier load ends) if sooner."""
+        self._wake.clear()
+        if sim_s is None:
+            await self._wake.wait()
+        elif self.time_scale == 0:
+            self._sim_end_s = max(self._sim_end_s, sim_s)
+            await asyncio.sleep(0)
+        else:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout((sim_s - self.sim_now()) * self.time_scale):
+                    await self._wake.wait()
+
+    def _publish(self, result: StepResult) -> None:
+        if result.kv_events and self.publisher is not None:
+            self.publisher.publish(result.kv_events, time.time())
 
     async def _wait_resumed(self) -> None:
         while self.state == "paused":
@@ -317,6 +362,11 @@ class SimReplica:
             conn.respond(200, orjson.dumps({"version": VLLM_VERSION}))
         elif path == "/kv/pull":
             self._transfers.serve_pull(conn, request)
+        elif path == "/kv_event_sources":
+            publisher = self.publisher
+            conn.respond(200, publisher.sources_body() if publisher is not None else sources_body(None))
+        elif path == "/reset_prefix_cache":
+            conn.respond(200, orjson.dumps({"success": self.engine.reset_prefix_cache()}))
         else:
             self._tokenize(conn, request)
 

@@ -55,6 +55,17 @@ class EngineStats:
     """As ``prefix_cache_queries_tokens``, each request's first schedule only: a preempted request's
     prompt, scheduled again, finds its own blocks cached and counts a second time above, not here."""
     first_schedule_hits_tokens: int = 0
+    external_prefix_cache_queries_tokens: int = 0
+    """vLLM's connector lookups: the host tier's (and a decode instance's transferred prompts)."""
+    external_prefix_cache_hits_tokens: int = 0
+    cached_tokens_by_source: dict[str, int] = field(
+        default_factory=lambda: {"device": 0, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": 0}
+    )
+    """Prompt tokens each request's first admission found computed, by the tier that held them."""
+    prompt_tokens_by_source: dict[str, int] = field(
+        default_factory=lambda: {"local_compute": 0, "local_cache_hit": 0, "external_kv_transfer": 0}
+    )
+    """Prompt tokens of requests that produced their first token, by where their KV came from."""
     prompt_tokens: int = 0
     generation_tokens: int = 0
     num_steps: int = 0
@@ -64,3 +75,10 @@ class EngineStats:
     itl_s: Histogram = field(default_factory=lambda: Histogram(ITL_BUCKETS_S))
     e2e_s: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS_S))
     queue_s: Histogram = field(default_factory=lambda: Histogram(REQUEST_BUCKETS_S))
+
+    def count_prompt_sources(self, prompt_tokens: int, cached_tokens: int, external_tokens: int) -> None:
+        """One request's prompt, split as vLLM splits it once the first token is out."""
+        by_source = self.prompt_tokens_by_source
+        by_source["local_compute"] += prompt_tokens - cached_tokens
+        by_source["local_cache_hit"] += cached_tokens - external_tokens
+        by_source["external_kv_transfer"] += external_tokens

@@ -87,3 +87,29 @@ def test_stored_blocks_pair_each_hash_with_its_tokens_and_a_batch_round_trips() 
     assert sequence_number((5).to_bytes(8, "big")) == 5
     with pytest.raises(KvEventError):
         sequence_number(b"\x00")
+
+
+def test_host_tier_events_take_the_offloading_connectors_form_both_ways() -> None:
+    """vLLM's offloading connector announces CPU blocks without tokens, parent or block size, and
+    its removals (several hashes at once) without ``group_idx``."""
+    stored = BlockStored((1, 2), None, (), 0, "CPU")
+    gone = BlockRemoved((3, 4), "CPU")
+    payload = encode_batch(KvEventBatch(1.5, (stored, gone)))
+    raw = msgpack.unpackb(payload)
+    assert raw[1][0] == {
+        "type": "BlockStored",
+        "block_hashes": [1, 2],
+        "parent_block_hash": None,
+        "token_ids": [],
+        "block_size": 0,
+        "lora_id": None,
+        "medium": "CPU",
+        "lora_name": None,
+    }
+    assert raw[1][1] == {"type": "BlockRemoved", "block_hashes": [3, 4], "medium": "CPU"}
+    assert decode_batch(payload).events == (stored, gone)
+    digest = bytes(range(32))
+    as_bytes = [1.5, [dict(raw[1][0], block_hashes=[digest])], 0]
+    (event,) = decode_batch(msgpack.packb(as_bytes)).events
+    assert isinstance(event, BlockStored) and event.block_hashes == (block_hash(digest),)
+    assert stored_blocks(event) == [(block_hash(digest), ())]

@@ -51,3 +51,31 @@ def test_role_defaults_to_mixed_and_takes_only_the_three_roles() -> None:
     assert _parse(["sim", "--role", "prefill"]).role == "prefill"
     with pytest.raises(SystemExit):
         _parse(["sim", "--role", "both"])
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["sim", "--kv-events-replay-port", "9300"],
+        ["sim", "--kv-events-port", "0"],
+        ["sim", "--kv-events-port", "9200", "--kv-events-replay-port", "-1"],
+        ["sim", "--cpu-offload-tokens", "-1"],
+        ["sim", "--cpu-offload-bytes-per-s", "0"],
+    ],
+)
+def test_bad_kv_events_and_offloading_options_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("kvgate sim: error: ")
+
+
+def test_kv_events_and_offloading_options_parse() -> None:
+    args = _parse(["sim", "--kv-events-port", "9200", "--cpu-offload-tokens", "100000"])
+    assert (args.kv_events_port, args.kv_events_topic, args.kv_events_replay_port) == (
+        9200,
+        "kv-events",
+        None,
+    )
+    assert (args.cpu_offload_tokens, args.cpu_offload_bytes_per_s) == (100_000, None)

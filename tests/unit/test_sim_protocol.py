@@ -174,6 +174,8 @@ VLLM_CACHE_CONFIG_LABELS = {
     "gpu_memory_utilization",
     "is_attention_free",
     "kv_cache_memory_bytes",
+    "kv_offloading_backend",
+    "kv_offloading_size",
     "kv_sharing_fast_prefill",
     "mamba_cache_dtype",
     "mamba_page_size_padded",
@@ -187,7 +189,8 @@ VLLM_CACHE_CONFIG_LABELS = {
     "swap_space_bytes",
 }
 """The labels of ``vllm:cache_config_info`` on a vLLM 0.11 replica (every ``CacheConfig`` field, plus
-``engine``, and no ``model_name``), as quoted in vllm-project/vllm#28924."""
+``engine``, and no ``model_name``), as quoted in vllm-project/vllm#28924, with the two of vLLM 0.32 that
+describe KV offloading to host memory."""
 
 
 def test_metrics_page_parses_with_every_vllm_name_and_label() -> None:
