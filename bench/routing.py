@@ -113,7 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = benchmark_parser("routing", __doc__)
     parser.add_argument("--decisions", type=int, default=1_000, help="timed decisions per pass")
     parser.add_argument("--repeats", type=int, default=5, help="passes per case; the best is reported")
-    parser.add_argument("--capacity-blocks", type=int, default=28_125, help="blocks per replica (default: an H100 replica's 450k KV tokens)")
+    parser.add_argument(
+        "--capacity-blocks",
+        type=int,
+        default=28_125,
+        help="blocks per replica (default: an H100 replica's 450k KV tokens)",
+    )
     parser.add_argument(
         "--fleet-sizes",
         type=lambda text: tuple(int(n) for n in text.split(",")),

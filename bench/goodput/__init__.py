@@ -20,6 +20,13 @@ against round-robin, whether the simulator lagged (``kvgate_sim_lag_ratio``, the
 and whether the generator kept its schedule and was CPU-bound (the runner's own report). A PNG
 (``goodput.png`` in ``--out``) shows goodput, hit rate and the TTFT CDFs. Not a test.
 
+With ``--replay`` the trace is a production one in the Mooncake format (a shape of ``bench.traces``
+at ``--rate``, or a file at ``--speed``), sent as streamed completions with the trace's lengths, on
+full-size replicas that publish their KV cache events (kvgate subscribes, as it would to vLLM's), the
+TTFT objective growing with the prompt; the replay's reuse ceiling is printed beside the hit rates.
+
     python -m bench goodput [--replicas 4] [--rate 16] [--duration-s 36] [--slices 3]
         [--peers all|none|NAME,...] [--peer-bin-dir DIR]
+    python -m bench goodput --replay FILE|SHAPE [--speed 2] [--window-s 300] [--time-scale 0.5]
+        [--cpu-offload-tokens N]
 """

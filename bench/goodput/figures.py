@@ -14,6 +14,8 @@ from kvgate.loadtest.report import Summary, percentile
 from kvgate.loadtest.runner import RunResult
 
 HITS = "vllm:prefix_cache_hits_total"
+HOST_HITS = "vllm:external_prefix_cache_hits_total"
+"""Prompt tokens loaded from the host tier (vLLM counts its offloading connector's hits apart)."""
 QUERIES = "vllm:prefix_cache_queries_total"
 FIRST_HITS = "kvgate_sim_first_schedule_prefix_hits_total"
 FIRST_QUERIES = "kvgate_sim_first_schedule_prefix_queries_total"
@@ -25,6 +27,7 @@ LAG = "kvgate_sim_lag_ratio"
 class FleetCounters:
     prefix_hits_tokens: float
     prefix_queries_tokens: float
+    host_hits_tokens: float
     first_schedule_hits_tokens: float
     first_schedule_queries_tokens: float
     preemptions: float
@@ -33,10 +36,13 @@ class FleetCounters:
 
 
 async def fleet_counters(session: aiohttp.ClientSession, urls: Sequence[str]) -> FleetCounters:
-    page = await scrape_all(session, urls, (HITS, QUERIES, FIRST_HITS, FIRST_QUERIES, PREEMPTIONS, LAG))
+    page = await scrape_all(
+        session, urls, (HITS, QUERIES, HOST_HITS, FIRST_HITS, FIRST_QUERIES, PREEMPTIONS, LAG)
+    )
     return FleetCounters(
         page.sum(HITS),
         page.sum(QUERIES),
+        page.sum(HOST_HITS),
         page.sum(FIRST_HITS),
         page.sum(FIRST_QUERIES),
         page.sum(PREEMPTIONS),
@@ -57,6 +63,9 @@ class PolicyRun:
     prompt, scheduled again, queries (and hits) a second time, so this and the hit rate count it."""
     prefilled_tokens: float = 0.0
     """Prompt tokens the replicas computed (queries less hits), re-prefills after preemption included."""
+    host_hit_ratio: float = 0.0
+    """Prompt tokens loaded from the host tier over prompt tokens queried: beside ``hit_ratio``, the
+    share of prefill a host tier saved (at a lower saving per token)."""
     first_schedule_hit_ratio: float = 0.0
     """The hit rate over each request's first schedule only (``kvgate_sim_first_schedule_prefix_*``):
     what routing found cached for the prompts it placed, without the preempted prompts that, scheduled
@@ -80,6 +89,7 @@ class PolicyRun:
             after.lag_ratio,
             hits,
             queries - hits,
+            (after.host_hits_tokens - before.host_hits_tokens) / queries if queries else 0.0,
             first_hits / first_queries if first_queries else 0.0,
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -19,11 +20,15 @@ from bench.harness.gateway import start_gateway
 from bench.harness.gateway_config import Pool, gateway_config
 from bench.harness.processes import children
 from bench.routing_lab import traces
+from bench.traces.shapes import SHAPES
+from kvgate.admission.tokenizer import TiktokenTokenizer
 from kvgate.loadtest.client import RetryPolicy
 from kvgate.loadtest.compare import run_compare, summaries_for
+from kvgate.loadtest.mooncake import BlockText, mooncake_trace, read_mooncake, window
 from kvgate.loadtest.report import Slo, class_table
+from kvgate.loadtest.reuse import reuse_ceiling
 from kvgate.loadtest.runner import RunOptions, Target
-from kvgate.loadtest.workload import build_trace
+from kvgate.loadtest.workload import Trace, Workload, build_trace
 from kvgate.routing.prefix_hash import BLOCK_SIZE_TOKENS
 from kvgate.sim.fleet import DEFAULT_MODEL
 from kvgate.sim.ports import free_ports
@@ -73,11 +78,41 @@ def installed_peers(args: argparse.Namespace) -> list[tuple[peers.Peer, str]]:
     return found
 
 
+def replay_trace(args: argparse.Namespace) -> tuple[Trace, list[str]]:
+    """``--replay`` as a trace (a shape of ``bench.traces`` or a Mooncake file), and its reuse
+    ceilings: what one cache of all the fleet's replicas would hit (``kvgate.loadtest.reuse``)."""
+    if args.replay in SHAPES:
+        requests = SHAPES[args.replay](args.rate, args.duration_s, args.seed)
+        speed, name = args.speed, f"{args.replay} at {args.rate:g} req/s x{args.speed:g}"
+    else:
+        requests = window(read_mooncake(Path(args.replay)), args.start_s, args.window_s)
+        speed, name = args.speed, f"{Path(args.replay).name} x{args.speed:g}"
+    span_s = max(1e-3, (requests[-1].timestamp_ms - requests[0].timestamp_ms) / 1000.0 / speed)
+    replay = Workload(
+        name=name, classes=(), api="completions", duration_s=span_s, rate_rps=len(requests) / span_s
+    )
+    args.duration_s, args.rate = span_s, len(requests) / span_s
+    trace = mooncake_trace(requests, replay, BlockText(TiktokenTokenizer.from_name()), speed=speed)
+    fleet_tokens = args.kv_capacity_tokens * args.replicas
+    ceiling = reuse_ceiling(requests, fleet_tokens).hit_ratio
+    notes = [f"reuse ceiling {ceiling:.3f} (one cache of {fleet_tokens:,} tokens)"]
+    if args.cpu_offload_tokens:
+        tiers = fleet_tokens + args.cpu_offload_tokens * args.replicas
+        with_host = reuse_ceiling(requests, tiers).hit_ratio
+        notes.append(f"with the host tier {with_host:.3f} (one cache of {tiers:,} tokens)")
+    return trace, notes
+
+
 async def bench(args: argparse.Namespace) -> None:
-    slo = Slo(args.slo_ttft_s, args.slo_itl_s)
-    if args.trace == "mixed":
+    notes: list[str] = []
+    if args.replay:
+        trace, notes = replay_trace(args)
+        slo = Slo(args.slo_ttft_s, args.slo_itl_s, 1.0 / args.slo_ttft_prompt_tokens_per_s)
+    elif args.trace == "mixed":
+        slo = Slo(args.slo_ttft_s, args.slo_itl_s)
         trace = build_trace(workload(args.rate, args.duration_s, slo.ttft_s, slo.itl_s), args.seed)
     else:
+        slo = Slo(args.slo_ttft_s, args.slo_itl_s)
         trace = traces.TRACES[args.trace].trace(args.seed)
     classes: dict[str, int] = {}
     for request in trace.requests:
@@ -89,14 +124,20 @@ async def bench(args: argparse.Namespace) -> None:
         f"{trace.prompt_tokens} prompt tokens); {len(args.policies) + len(found)} fleets of {args.replicas} "
         f"simulated llama-3.1-8b-h100 replicas (KV {args.kv_capacity_tokens} tokens each, time scale "
         f"{args.time_scale:g}), one gateway or router per target, {args.slices} interleaved slices"
+        + (f"; host tier {args.cpu_offload_tokens:,} tokens each" if args.cpu_offload_tokens else "")
     )
+    for note in notes:
+        print(note)
     profile = {"kv_capacity_tokens": args.kv_capacity_tokens, "max_num_seqs": args.max_num_seqs}
+    if args.cpu_offload_tokens:
+        profile["cpu_offload_tokens"] = args.cpu_offload_tokens
     fleet: dict[str, Any] = {"time_scale": args.time_scale, "seed": args.seed}
     fleet["overrides"] = {"warmup_s": 0.0, **profile}
     with children() as started:
         names = [*args.policies, *(p.name for p, _ in found)]
         fleets = {
-            name: start_fleet_child(started, {"mixed": args.replicas}, **fleet)["mixed"] for name in names
+            name: start_fleet_child(started, {"mixed": args.replicas}, kv_events=True, **fleet)["mixed"]
+            for name in names
         }
         slo_admission = slo if args.slo_admission == "on" else None
         gateways = {

@@ -22,9 +22,15 @@ def _ratio(value: float | None, base: float | None) -> str:
 
 def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
     print(
-        f"\nSLO: TTFT <= {slo.ttft_s:g} s and mean inter-token gap <= {slo.itl_s * 1000:g} ms\n"
+        f"\nSLO: TTFT <= {slo.ttft_s:g} s"
+        + (
+            f" + prompt / {1 / slo.ttft_per_prompt_token_s:,.0f} tokens/s"
+            if slo.ttft_per_prompt_token_s
+            else ""
+        )
+        + f" and mean inter-token gap <= {slo.itl_s * 1000:g} ms\n"
         f"{'target':<18} {'requests':>8} {'ok':>5} {'429':>5} {'goodput':>8} {'good %':>7} {'good/s':>7} "
-        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'hit 1st':>7} "
+        f"{'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} {'prefix hit':>10} {'+host':>6} {'hit 1st':>7} "
         f"{'saved M':>7} {'prefill M':>9} {'preempt':>7} {'sim lag':>8}"
     )
     for run in runs:
@@ -33,6 +39,7 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
             f"{run.policy:<18} {s.requests:>8} {s.ok:>5} {s.rejects:>5} {s.goodput_requests:>8} "
             f"{100 * s.goodput_ratio:>6.1f}% {s.goodput_rps:>7.2f} {fmt(s.ttft_p50_s):>9} "
             f"{fmt(s.ttft_p95_s):>9} {fmt(s.itl_p95_s, 1000, 1):>10} {run.hit_ratio:>10.3f} "
+            f"{run.host_hit_ratio:>6.3f} "
             f"{run.first_schedule_hit_ratio:>7.3f} {run.hit_tokens / 1e6:>7.3f} "
             f"{run.prefilled_tokens / 1e6:>9.3f} "
             f"{run.preemptions:>7} {run.lag_ratio:>8.3f}"

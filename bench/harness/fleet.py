@@ -101,13 +101,16 @@ def start_fleet_child(
     time_scale: float = 1.0,
     seed: int = 0,
     overrides: Mapping[str, Any] | None = None,
+    kv_events: bool = False,
 ) -> dict[str, list[str]]:
     """A ``SimFleet`` of ``roles`` (``{"mixed": 4}``, ``{"prefill": 2, "decode": 2}``) in a child;
-    its replicas' URLs by role, once they serve."""
+    its replicas' URLs by role, once they serve. With ``kv_events`` its replicas publish them."""
     spec = ",".join(f"{role}:{count}" for role, count in roles.items())
     command = [sys.executable, "-m", "bench.harness.fleet_child", spec, "--time-scale", str(time_scale)]
     command += ["--seed", str(seed)]
     command += ["--overrides", orjson.dumps(dict(overrides or {})).decode()]
+    if kv_events:
+        command.append("--kv-events")
     process = children.start(command, output=subprocess.PIPE, stderr=None)
     urls: dict[str, list[str]] = orjson.loads(wait_line(process))
     return urls

@@ -1,8 +1,10 @@
 """A fleet child: ``SimFleet`` replicas of one or more roles, served until SIGTERM.
 
-``python -m bench.harness.fleet_child ROLE:N[,ROLE:N...] [--time-scale X] [--seed N] [--overrides JSON]``
+``python -m bench.harness.fleet_child ROLE:N[,ROLE:N...] [--time-scale X] [--seed N] [--overrides JSON]
+[--kv-events]``
 prints ``{role: [url, ...]}`` as one JSON line once every replica serves (``fleet.start_fleet_child``
-reads it); ``--overrides`` are profile fields (``{"warmup_s": 0, "kv_capacity_tokens": 50000}``).
+reads it); ``--overrides`` are profile fields (``{"warmup_s": 0, "kv_capacity_tokens": 50000}``);
+``--kv-events`` has every replica publish its KV cache events, as vLLM's ``--kv-events-config`` does.
 """
 
 from __future__ import annotations
@@ -17,10 +19,16 @@ from typing import Any
 import orjson
 
 from kvgate.sim.fleet import SimFleet
+from kvgate.sim.kv_publisher import KvEventsConfig
 
 
-async def serve(roles: Mapping[str, int], time_scale: float, seed: int, overrides: Mapping[str, Any]) -> None:
-    async with SimFleet(replicas=0, time_scale=time_scale, seed=seed, overrides=overrides) as fleet:
+async def serve(
+    roles: Mapping[str, int], time_scale: float, seed: int, overrides: Mapping[str, Any], kv_events: bool
+) -> None:
+    events = KvEventsConfig() if kv_events else None
+    async with SimFleet(
+        replicas=0, time_scale=time_scale, seed=seed, overrides=overrides, kv_events=events
+    ) as fleet:
         urls: dict[str, list[str]] = {}
         for role, count in roles.items():
             for _ in range(count):
@@ -38,11 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-scale", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overrides", type=orjson.loads, default={})
+    parser.add_argument("--kv-events", action="store_true")
     args = parser.parse_args(argv)
     roles = {role: int(count) for role, count in (part.split(":") for part in args.roles.split(","))}
     import uvloop
 
-    uvloop.run(serve(roles, args.time_scale, args.seed, args.overrides))
+    uvloop.run(serve(roles, args.time_scale, args.seed, args.overrides, args.kv_events))
     return 0
 
 

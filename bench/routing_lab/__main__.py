@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("--start-s", type=float, default=0.0, help="where in the file to start (default 0)")
     replay.add_argument("--window-s", type=float, help="seconds of the file to replay (default: all)")
     replay.add_argument("--settings", default="", help="routing settings for kvgate, KEY=VALUE,...")
+    parser.add_argument(
+        "--kv-events", action="store_true", help="the engines' KV cache events feed the router's index"
+    )
     return parser
 
 
@@ -94,7 +97,7 @@ def _replay(args: argparse.Namespace) -> int:
         print(
             f"{replay.name}: {len(requests)} requests over {requests[-1].arrival_s:.0f} s, {replay.replicas} "
             f"replicas (KV {profile.kv_capacity_tokens} tokens, {profile.max_num_seqs} sequences each); SLO "
-            f"TTFT {replay.slo_ttft_s:g} s + prompt / {1 / replay.slo_ttft_per_prompt_token_s:,.0f} tokens/s, "
+            f"TTFT {replay.slo_ttft_s:g} s + prompt / {1 / replay.slo_ttft_per_prompt_token_s:,.0f} tok/s, "
             f"mean ITL {1000 * replay.slo_itl_s:g} ms"
         )
         results = [
@@ -107,6 +110,7 @@ def _replay(args: argparse.Namespace) -> int:
                 replay.replicas,
                 admission=args.admission == "on",
                 max_queue_wait_s=args.max_wait_s,
+                kv_events=args.kv_events,
             )
             for name in args.policies.split(",")
         ]

@@ -19,6 +19,7 @@ from kvgate.routing.request import RoutingRequest
 from kvgate.routing.router import Router
 from kvgate.sim.engine import Engine, EngineRequest, StepResult
 from kvgate.sim.profile import Profile, step_duration_s
+from kvgate.sim.vllm_block_hash import BlockDigests
 from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
 from kvgate.vocabulary.sharing import NOTHING_SHARED
 
@@ -160,12 +161,21 @@ def play(
     max_queue_wait_s: float = 30.0,
     scrape_every_s: float = 1.0,
     sharing: bool = True,
+    kv_events: bool = False,
 ) -> LabResult:
-    """Every request of ``requests`` through one fleet of ``replicas`` engines behind ``config``'s router."""
+    """Every request of ``requests`` through one fleet of ``replicas`` engines behind ``config``'s router.
+
+    With ``kv_events`` every engine's KV cache events reach the router's index of the replicas'
+    caches at the end of the step that produced them, as the gateway's subscription hands them over;
+    without, the router reads what it routed where."""
     router = Router(config, random.Random(config.seed))
     rate = prefill_tokens_per_s(profile)
     ledger = InMemoryLedger(block_tokens=profile.block_size_tokens)
-    fleet = [_Replica(f"r{i}", Engine(profile, seed=i), ledger) for i in range(replicas)]
+    digests = BlockDigests() if kv_events else None
+    fleet = [_Replica(f"r{i}", Engine(profile, seed=i, digests=digests), ledger) for i in range(replicas)]
+    if kv_events:
+        for replica in fleet:
+            router.cache.start(replica.replica_id)
     by_id = {replica.replica_id: replica for replica in fleet}
     outcomes = [Outcome(request) for request in requests]
     events: list[tuple[float, int, int, Outcome | _Step | None]] = []
@@ -247,6 +257,8 @@ def play(
             if not place(item, now_s):
                 waiting.append(item)
         elif isinstance(item, _Step):
+            for event in item.result.kv_events:
+                router.cache.apply(item.replica.replica_id, event)
             if _deliver(item.replica, item.result, ledger):
                 drain_queue(now_s)
             step(item.replica, now_s)

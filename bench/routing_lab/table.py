@@ -32,8 +32,9 @@ def print_results(
             f"{100 * result.good_share(ttft_slo, itl_slo, c, ttft_per_prompt_token_s):>9.1f}%"
             for c in classes
         )
+        good = result.good_share(ttft_slo, itl_slo, None, ttft_per_prompt_token_s)
         print(
-            f"{result.policy:<16} {100 * result.good_share(ttft_slo, itl_slo, None, ttft_per_prompt_token_s):>6.1f}% "
+            f"{result.policy:<16} {100 * good:>6.1f}% "
             f"{len(result.outcomes) - len(served):>7} {p50 or 0:>9.3f} {p95 or 0:>9.3f} "
             f"{1000 * (itl95 or 0):>10.1f} {result.hit_ratio:>6.3f} {result.preemptions:>7}  {per_class}"
         )

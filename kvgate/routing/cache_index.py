@@ -11,8 +11,12 @@ depends on its hash algorithm and the seed of the replica's process; the gateway
 tokens alone, so the index is right whatever the replicas' ``--prefix-caching-hash-algo`` or
 ``PYTHONHASHSEED`` (a block whose parent the index never saw, after a gap in the events, cannot be
 placed in a chain and is left out: the index then under-states a cache, never over-states it). The
-event's vLLM hash maps to the gateway's for the block's removal; blocks of another size than the
-gateway hashes prompts with are not the same blocks and are left out too.
+event's vLLM hash maps to the gateway's for the block's removal, and for the host tier, whose
+stores carry no tokens (vLLM's offloading connector copies blocks the GPU tier announced); blocks of
+another size than the gateway hashes prompts with are not the same blocks and are left out too.
+A tier may hold copies of a block (vLLM announces a block computed twice twice), so each tier counts
+them and a block is gone from it with its last copy. A reset (``AllBlocksCleared``) clears the GPU
+tier; the host tier keeps what it holds.
 
 Between routing a request and the replica's events for it (its prefill must finish first) the
 index holds *speculative* entries: the request's blocks, on the replica it was sent to, for
@@ -51,10 +55,14 @@ NO_MATCH = Match()
 class _Cache:
     own: dict[int, int] = field(default_factory=dict)
     """vLLM's hash of each held block (either tier) -> the gateway's."""
-    gpu: set[int] = field(default_factory=set)
-    host: set[int] = field(default_factory=set)
+    gpu: dict[int, int] = field(default_factory=dict)
+    """The gateway's hash of each block the GPU tier holds -> its copies."""
+    host: dict[int, int] = field(default_factory=dict)
     guessed: dict[int, float] = field(default_factory=dict)
     """Speculative blocks -> until when (the clock the index is given)."""
+
+    def held(self, own: int) -> bool:
+        return own in self.gpu or own in self.host
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,11 +105,16 @@ class CacheIndex:
         if isinstance(event, BlockRemoved):
             return self._removed(cache, event)
         if isinstance(event, AllBlocksCleared):
-            self._caches[replica_id] = _Cache()
+            host = cache.host
+            self._caches[replica_id] = _Cache(
+                {vllm: own for vllm, own in cache.own.items() if own in host}, {}, host, {}
+            )
             return Applied(cleared=True)
         return Applied()
 
     def _stored(self, cache: _Cache, event: BlockStored) -> Applied:
+        if not event.token_ids:
+            return self._copied(cache, event)
         size = self.block_size_tokens
         if event.block_size != size:
             return Applied(unlinked=len(event.block_hashes))
@@ -116,21 +129,38 @@ class CacheIndex:
         for i, vllm_hash in enumerate(event.block_hashes):
             own = chained(parent, tuple(tokens[i * size : (i + 1) * size]))
             cache.own[vllm_hash] = own
-            tier.add(own)
+            tier[own] = tier.get(own, 0) + 1
             cache.guessed.pop(own, None)
             parent = own
         return Applied(stored=len(event.block_hashes))
 
+    def _copied(self, cache: _Cache, event: BlockStored) -> Applied:
+        """A store without tokens: blocks copied to a tier, known by the hashes the GPU tier gave."""
+        tier = cache.host if event.medium == CPU else cache.gpu
+        stored = unlinked = 0
+        for vllm_hash in event.block_hashes:
+            own = cache.own.get(vllm_hash)
+            if own is None:
+                unlinked += 1
+                continue
+            tier[own] = tier.get(own, 0) + 1
+            stored += 1
+        return Applied(stored=stored, unlinked=unlinked)
+
     def _removed(self, cache: _Cache, event: BlockRemoved) -> Applied:
-        tier, other = (cache.host, cache.gpu) if event.medium == CPU else (cache.gpu, cache.host)
+        tier = cache.host if event.medium == CPU else cache.gpu
         removed = 0
         for vllm_hash in event.block_hashes:
             own = cache.own.get(vllm_hash)
-            if own is None or own not in tier:
+            copies = tier.get(own, 0) if own is not None else 0
+            if own is None or not copies:
                 continue
-            tier.discard(own)
             removed += 1
-            if own not in other:
+            if copies > 1:
+                tier[own] = copies - 1
+                continue
+            del tier[own]
+            if not cache.held(own):
                 del cache.own[vllm_hash]
         return Applied(removed=removed)
 
