@@ -55,13 +55,14 @@ class RoutingConfig(Frozen):
             "Default 512. Example: 2048"
         ),
     )
-    decode_weight: float = Field(
-        default=1.0,
+    decode_sequence_tokens: int = Field(
+        default=256,
         ge=0,
         description=(
-            "Prompt tokens of prefill one token still to decode on a replica weighs as in its load: "
-            "the sequences decoding there are slowed by every prefill placed beside them, for as "
-            "long as they have tokens left (ratio). Default 1. Example: 0.5"
+            "Prompt tokens of prefill each sequence decoding on a replica weighs as in its load: it "
+            "takes a token of every step's batch and is slowed by every prompt prefilled beside it, "
+            "so a replica busy decoding draws new work less than an idle one. Default 256. "
+            "Example: 512"
         ),
     )
     host_tier_bytes_per_s: float = Field(

@@ -41,7 +41,7 @@ class Work:
     uncached_tokens: float
     backlog_tokens: int
     decode_tokens: float = 0.0
-    """The candidate's decode work, weighed in prompt tokens."""
+    """The candidate's decode work, weighed in prompt tokens (``decode_sequence_tokens`` a sequence)."""
 
     @property
     def load_tokens(self) -> float:

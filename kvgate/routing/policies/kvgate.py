@@ -51,7 +51,7 @@ class KvgatePolicy:
         self._ttft_tolerance_s = config.ttft_tolerance_s
         self._affinity_min_tokens = config.affinity_min_tokens
         self._host_tier_bytes_per_s = config.host_tier_bytes_per_s
-        self._decode_weight = config.decode_weight
+        self._decode_sequence_tokens = config.decode_sequence_tokens
         self._ramp = Ramp(config.warmup_s, config.min_ratio, config.aggression, config.cold_ttft_factor)
         self._positions: dict[str, int] = {}
         self._absent: set[str] = set()
@@ -69,13 +69,18 @@ class KvgatePolicy:
         if holding and self._holder_is_full(request, window, passed, gate):
             return RoutingDecision(None, PREFIX_HOLDER_FULL)
         candidates = self._ramp.keep(passed, now_s, self._rng)
+        if not gate.check_room:
+            # Admission off: nothing held the request back for room, but where some candidate has
+            # room for its worst case, over-committing another would only preempt there.
+            roomy = [view for view in candidates if gate.has_room(view)]
+            candidates = roomy or candidates
         token_shares, slot_shares = load_ratios(candidates, now_s, self._stale_s, gate.slots)
         loads = [tokens + slots for tokens, slots in zip(token_shares, slot_shares, strict=True)]
         matches = [self._match(view.replica_id, request, now_s) for view in candidates]
         saving = self._host_saving(request, gate.prefill_tokens_per_s)
-        decode_weight = self._decode_weight
+        sequence_tokens = self._decode_sequence_tokens
         works = [
-            self._work(request, match, view.load, saving, decode_weight)
+            self._work(request, match, view.load, saving, sequence_tokens)
             for match, view in zip(matches, candidates, strict=True)
         ]
         bound_tokens = gate.prefill_tokens_per_s * self._ttft_tolerance_s
@@ -110,14 +115,14 @@ class KvgatePolicy:
         match: Match,
         load: ReplicaLoad,
         host_saving: float,
-        decode_weight: float,
+        sequence_tokens: float,
     ) -> Work:
         block = self._block_tokens
         gpu = self._gpu_tokens(request, match)
         hittable = max(0, request.prompt_tokens - 1) // block * block
         host = min(match.host_blocks * block, hittable - gpu) * host_saving
         cached = gpu + host
-        decode = decode_weight * load.remaining_decode_tokens
+        decode = sequence_tokens * load.resident_sequences
         return Work(cached, request.prompt_tokens - cached, load.pending_uncached_tokens, decode)
 
     def _host_saving(self, request: RoutingRequest, prefill_tokens_per_s: float) -> float:
