@@ -87,6 +87,11 @@ CATALOG: tuple[Benchmark, ...] = (
         "what each open token stream costs one gateway process: memory, CPU per token, loop lag",
     ),
     Benchmark(
+        "traces",
+        "bench.traces.__main__",
+        "writes a production-shaped trace (Mooncake JSONL) for kvgate loadtest --trace and the replays",
+    ),
+    Benchmark(
         "tokenize",
         "bench.tokenize",
         "the event-loop stall of counting a 1 MB prompt; the CPU abusive prompts burn",

@@ -1,0 +1,1 @@
+"""Production-shaped traces in the Mooncake format (``shapes``), written by ``python -m bench traces``."""

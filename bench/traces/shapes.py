@@ -81,7 +81,22 @@ def chat_fleet(
     rate_per_s: float, duration_s: float, seed: int, continuing: float = 0.39
 ) -> list[MooncakeRequest]:
     """New conversations arrive at ``(1 - continuing) * rate``; each comes back for another turn
-    with a probability that makes ``continuing`` of all requests continuations, minutes later."""
+    with a probability that makes ``continuing`` of all requests continuations, minutes later. The
+    fleet has been serving for ``WARM_S`` before the trace starts, so conversations begun then come
+    back inside it, as in any window cut from production."""
+    everything = _chat_fleet(rate_per_s, duration_s + WARM_S, seed, continuing)
+    return [
+        MooncakeRequest(r.timestamp_ms - WARM_S * 1000.0, r.input_length, r.output_length, r.hash_ids)
+        for r in everything
+        if r.timestamp_ms >= WARM_S * 1000.0
+    ]
+
+
+WARM_S = 900.0
+"""How long the chat fleet has served before a trace starts: several conversations' returns."""
+
+
+def _chat_fleet(rate_per_s: float, duration_s: float, seed: int, continuing: float) -> list[MooncakeRequest]:
     rng = random.Random(f"chat-fleet:{seed}")
     blocks = Blocks()
     system = _Stream(blocks.fresh(4), 0)

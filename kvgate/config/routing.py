@@ -55,14 +55,14 @@ class RoutingConfig(Frozen):
             "Default 512. Example: 2048"
         ),
     )
-    decode_sequence_tokens: int = Field(
-        default=256,
+    decode_kv_weight: float = Field(
+        default=0.02,
         ge=0,
         description=(
-            "Prompt tokens of prefill each sequence decoding on a replica weighs as in its load: it "
-            "takes a token of every step's batch and is slowed by every prompt prefilled beside it, "
-            "so a replica busy decoding draws new work less than an idle one. Default 256. "
-            "Example: 512"
+            "Prompt tokens of load each KV token reserved by the sequences decoding on a replica "
+            "weighs as: every decode step reads all of it and is slowed by every prompt prefilled "
+            "beside it, so a replica busy decoding draws new work less than an idle one (ratio). "
+            "Default 0.02 (one prompt token per 50 KV tokens). Example: 0.05"
         ),
     )
     host_tier_bytes_per_s: float = Field(

@@ -41,7 +41,8 @@ class Work:
     uncached_tokens: float
     backlog_tokens: int
     decode_tokens: float = 0.0
-    """The candidate's decode work, weighed in prompt tokens (``decode_sequence_tokens`` a sequence)."""
+    """The candidate's decode work, weighed in prompt tokens (``decode_kv_weight`` per KV token its
+    resident sequences hold)."""
 
     @property
     def load_tokens(self) -> float:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kvgate.config.routing import RoutingConfig
 from kvgate.routing.filters import Gate
-from kvgate.routing.load import load_ratios, within_bound
+from kvgate.routing.load import load_ratios
 from kvgate.routing.request import RoutingRequest
 from kvgate.routing.router import Router
 from kvgate.vocabulary.replica import ReplicaLoad, ReplicaView, Role, ScrapedMetrics
@@ -166,9 +166,3 @@ def test_one_stale_scrape_puts_every_candidate_on_own_accounting() -> None:
     missing = view("c", load=ReplicaLoad(remaining_decode_tokens=1_000))
     assert load_ratios([fresh, stale], now_s=10.0, stale_s=5.0) == ([0.0, 0.2], [0.0, 0.25])
     assert load_ratios([fresh, missing], now_s=10.0, stale_s=5.0) == ([0.0, 0.1], [0.0, 0.0])
-
-
-def test_bound_counts_the_request_in_the_mean() -> None:
-    assert within_bound([0.0, 0.0, 0.0], [0.1, 0.1, 0.1], 1.25) == [True, True, True]
-    assert within_bound([0.3, 0.1, 0.1], [0.1, 0.1, 0.1], 1.25) == [False, True, True]
-    assert within_bound([0.2, 0.2, 0.2], [0.1, 0.1, 0.1], 1.25) == [True, True, True]

@@ -58,7 +58,8 @@ def test_the_least_prefill_work_wins_without_a_prefix() -> None:
     decision = router().choose(RoutingRequest(MODEL, 100, 100), fleet, 0.0, prefill_tokens_per_s=RATE)
     assert (decision.replica_id, decision.reason) == ("b", "least_work")
     scores = {s.replica_id: s for s in decision.scores}
-    assert {r: s.work_tokens for r, s in scores.items()} == {"a": 5_100, "b": 1_100, "c": 3_100}
+    # backlog + the 100 prompt tokens + the decode work (0.02 per KV token reserved there)
+    assert {r: s.work_tokens for r, s in scores.items()} == {"a": 5_200, "b": 1_120, "c": 3_160}
     assert decision.cached_prompt_tokens == 0
 
 

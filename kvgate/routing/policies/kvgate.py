@@ -51,7 +51,7 @@ class KvgatePolicy:
         self._ttft_tolerance_s = config.ttft_tolerance_s
         self._affinity_min_tokens = config.affinity_min_tokens
         self._host_tier_bytes_per_s = config.host_tier_bytes_per_s
-        self._decode_sequence_tokens = config.decode_sequence_tokens
+        self._decode_kv_weight = config.decode_kv_weight
         self._ramp = Ramp(config.warmup_s, config.min_ratio, config.aggression, config.cold_ttft_factor)
         self._positions: dict[str, int] = {}
         self._absent: set[str] = set()
@@ -78,9 +78,9 @@ class KvgatePolicy:
         loads = [tokens + slots for tokens, slots in zip(token_shares, slot_shares, strict=True)]
         matches = [self._match(view.replica_id, request, now_s) for view in candidates]
         saving = self._host_saving(request, gate.prefill_tokens_per_s)
-        sequence_tokens = self._decode_sequence_tokens
+        kv_weight = self._decode_kv_weight
         works = [
-            self._work(request, match, view.load, saving, sequence_tokens)
+            self._work(request, match, view.load, saving, kv_weight)
             for match, view in zip(matches, candidates, strict=True)
         ]
         bound_tokens = gate.prefill_tokens_per_s * self._ttft_tolerance_s
@@ -115,14 +115,14 @@ class KvgatePolicy:
         match: Match,
         load: ReplicaLoad,
         host_saving: float,
-        sequence_tokens: float,
+        kv_weight: float,
     ) -> Work:
         block = self._block_tokens
         gpu = self._gpu_tokens(request, match)
         hittable = max(0, request.prompt_tokens - 1) // block * block
         host = min(match.host_blocks * block, hittable - gpu) * host_saving
         cached = gpu + host
-        decode = sequence_tokens * load.resident_sequences
+        decode = kv_weight * load.reserved_kv_tokens
         return Work(cached, request.prompt_tokens - cached, load.pending_uncached_tokens, decode)
 
     def _host_saving(self, request: RoutingRequest, prefill_tokens_per_s: float) -> float:
