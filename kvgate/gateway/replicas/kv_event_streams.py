@@ -91,7 +91,8 @@ class KvEventStreams:
         self._session = session
         self._metrics = metrics
         self._interval_s = interval_s
-        self._context = zmq.asyncio.Context()
+        self._context: zmq.asyncio.Context | None = None
+        """Made with the first subscription, so a gateway following nothing holds no ZMQ threads."""
         self._followed: dict[str, asyncio.Task[None]] = {}
         self._asked: set[str] = set()
         """Replicas asked where they publish (whatever the answer), until they leave."""
@@ -137,6 +138,8 @@ class KvEventStreams:
         return event_source(answer, replica.url)
 
     def _follow(self, replica: ReplicaState, source: EventSource) -> None:
+        if self._context is None:
+            self._context = zmq.asyncio.Context()
         socket = self._context.socket(zmq.SUB)
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt_string(zmq.SUBSCRIBE, source.topic)
@@ -191,4 +194,6 @@ class KvEventStreams:
     async def close(self) -> None:
         for replica_id in list(self._followed):
             await self._stop(replica_id)
-        self._context.term()
+        if self._context is not None:
+            self._context.term()
+            self._context = None
