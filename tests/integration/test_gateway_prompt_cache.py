@@ -18,7 +18,8 @@ async def test_repeated_prompt_is_tokenised_once_and_the_cache_is_bounded() -> N
     expected = PromptTokens.of(
         TiktokenTokenizer.from_name().encode(
             template_for(model.chat_template).render([{"role": "user", "content": "hello there"}])
-        )
+        ),
+        16,
     )
 
     def chat(text: str) -> dict[str, object]:
@@ -47,5 +48,5 @@ async def test_a_long_prompt_counted_off_the_loop_has_the_whole_prompts_count_an
     assert len(text) > 3 * RUN_CHARS and model.max_model_len > len(ids), "counted in runs, and fits"
     async with aiohttp.ClientSession() as session:
         counted = await encoder.encode(MODEL, body, len(text), session, "")
-    assert counted == PromptTokens.of(ids)
+    assert counted == PromptTokens.of(ids, 16)
     assert encoder.tokens_counted == len(ids)
