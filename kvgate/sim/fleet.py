@@ -26,8 +26,8 @@ from kvgate.admission.tokenizer import ChatTemplate, Tokenizer
 from kvgate.sim.http import Connection, Request
 from kvgate.sim.ports import free_ports
 from kvgate.sim.profile import DEFAULT_PROFILE, resolve_profile
-from kvgate.sim.protocol import parse_body
 from kvgate.sim.replica import SimReplica, parse_role
+from kvgate.sim.validation import parse_body
 from kvgate.vocabulary.replica import Role
 
 DEFAULT_MODEL = "meta-llama/Llama-3.1-8B-Instruct"
