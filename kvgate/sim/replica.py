@@ -397,7 +397,27 @@ class SimReplica:
             self._pulls.add(pull)
             pull.add_done_callback(self._pulls.discard)
             return
+        latency_s = self.profile.frontend_latency_s * self.time_scale
+        if latency_s > 0:
+            # vLLM's front end (tokenisation, hand-off to the engine) runs beside the engine: the
+            # request arrives now and can be scheduled once it is through.
+            arrival_s = self.sim_now()
+            loop = asyncio.get_running_loop()
+            loop.call_later(latency_s, self._admit, exchange, prompts, caps, parsed, arrival_s)
+            return
         self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=False)
+
+    def _admit(
+        self,
+        exchange: Exchange,
+        prompts: list[tuple[list[int], list[int]]],
+        caps: list[int],
+        parsed: GenerationRequest,
+        arrival_s: float,
+    ) -> None:
+        """The front end is through: queue the request, unless its client left (or the replica died)."""
+        if exchange in self._exchanges:
+            self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=False, arrival_s=arrival_s)
 
     def _add_sequences(
         self,
@@ -406,9 +426,11 @@ class SimReplica:
         caps: list[int],
         parsed: GenerationRequest,
         kv_transferred: bool,
+        arrival_s: float | None = None,
     ) -> None:
-        """Queue every choice's sequence; ``caps[i]``: prompt ``i``'s output cap (``fit_to_context``)."""
-        arrival_s = self.sim_now()
+        """Queue every choice's sequence; ``caps[i]``: prompt ``i``'s output cap (``fit_to_context``);
+        ``arrival_s``: when it reached the replica (default now)."""
+        arrival_s = self.sim_now() if arrival_s is None else arrival_s
         choices = len(prompts) * parsed.n
         for index in range(choices):
             token_ids, hashes = prompts[index // parsed.n]
