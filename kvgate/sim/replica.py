@@ -318,7 +318,7 @@ class SimReplica:
         elif path == "/metrics":
             conn.respond(200, render_metrics(self.engine, self.model, self.lag_s, self.role), _METRICS_TYPE)
         elif path == "/health":
-            conn.respond(200, b"")
+            conn.respond(200, b"", content_type=b"")
         elif path == "/v1/models":
             conn.respond(200, models_body(self.model, self.max_model_len, self.created, self._id_prefix))
         elif path == "/version":
