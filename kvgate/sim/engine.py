@@ -407,7 +407,9 @@ class Engine:
             kv_read += request.num_computed_tokens + num_new
             if num_new == 1 and request.num_output_tokens > 0:
                 num_decode += 1
-        duration = step_duration_s(profile, tokens, attention_ctx, kv_read) if scheduled else 0.0
+        duration = 0.0
+        if scheduled:
+            duration = step_duration_s(profile, tokens, attention_ctx, kv_read, len(scheduled))
         if profile.warmup_s > 0 and now_s - self.ready_s < profile.warmup_s:
             duration *= 1 + (profile.warmup_factor - 1) * (1 - (now_s - self.ready_s) / profile.warmup_s)
         end_s = now_s + duration

@@ -17,9 +17,11 @@ from kvgate.sim.protocol import DONE_CHUNK, WORDS, StreamTemplates, full_respons
 
 
 class ExchangeOwner(Protocol):
-    """The replica an exchange runs on: its engine, and who hears that the exchange is over."""
+    """The replica an exchange runs on: its engine, its ``system_fingerprint``, and who hears that
+    the exchange is over."""
 
     engine: Engine
+    fingerprint: str
 
     def finish(self, exchange: Exchange) -> None: ...
 
@@ -42,6 +44,7 @@ class Exchange:
         "record",
         "remaining",
         "response_id",
+        "roles_sent",
         "seqs",
         "single_stream",
         "templates",
@@ -75,7 +78,12 @@ class Exchange:
         self.buf: list[bytes] = []
         self.texts: list[list[bytes]] = [[] for _ in range(n)]
         self.finish_reasons = ["stop"] * n
-        self.templates = StreamTemplates(chat, response_id, self.created, model, n) if stream else None
+        self.templates = (
+            StreamTemplates(chat, response_id, self.created, model, n, owner.fingerprint, include_usage)
+            if stream
+            else None
+        )
+        self.roles_sent = not chat
         self.single_stream = stream and n == 1
         self.framed: list[bytes | None] = [None] * len(WORDS)
         self.kv_transfer_params: dict[str, object] | None = None
@@ -104,8 +112,10 @@ class Exchange:
             if first:
                 self.buf.append(b"")
         else:
-            if templates.chat and seq.num_output_tokens == 1:
-                self.buf.append(templates.role_chunks[index])
+            if not self.roles_sent:
+                # As vLLM: every choice's role chunk, in index order, before the first content.
+                self.buf.extend(templates.role_chunks)
+                self.roles_sent = True
             if seq.finish_reason is None:
                 self.buf.append(templates.heads[index] + word + templates.tail)
             else:
@@ -132,6 +142,7 @@ class Exchange:
                     self.finish_reasons,
                     self.prompt_tokens,
                     sum(s.num_output_tokens for s in self.seqs),
+                    self.owner.fingerprint,
                     self.kv_transfer_params,
                 )
                 self._record(body)

@@ -33,9 +33,10 @@ from kvgate.admission.tokenizer import ChatTemplate, Tokenizer
 from kvgate.sim.http import Connection, Request
 from kvgate.sim.kv_publisher import KvEventsConfig
 from kvgate.sim.ports import free_ports
-from kvgate.sim.profile import DEFAULT_PROFILE, resolve_profile
-from kvgate.sim.protocol import parse_body
+from kvgate.sim.profile import DEFAULT_PROFILE
+from kvgate.sim.profile_file import load_profile
 from kvgate.sim.replica import SimReplica, parse_role
+from kvgate.sim.validation import parse_body
 from kvgate.sim.vllm_block_hash import BlockDigests
 from kvgate.vocabulary.replica import Role
 
@@ -74,7 +75,7 @@ class SimFleet:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
         if time_scale < 0:
             raise ValueError(f"time_scale must be >= 0, got {time_scale}")
-        self.profile = resolve_profile(profile, overrides)
+        self.profile = load_profile(profile, overrides)
         self.role = parse_role(role)
         self.model = model
         self.time_scale = time_scale

@@ -124,6 +124,7 @@ class Connection(asyncio.Protocol):
     def respond(
         self, status: int, body: bytes, content_type: bytes = b"application/json", extra: bytes = b""
     ) -> None:
+        """Answer ``status`` with ``body``; an empty ``content_type`` sends none (vLLM's /health)."""
         self._write_response(status, body, content_type, extra)
         self._done()
 
@@ -131,11 +132,11 @@ class Connection(asyncio.Protocol):
         if self.transport is None:
             return
         self.transport.write(
-            b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n%s"
+            b"HTTP/1.1 %d %s\r\n%scontent-length: %d\r\n%s%s\r\n%s"
             % (
                 status,
                 _REASONS.get(status, b"Unknown"),
-                content_type,
+                b"content-type: %s\r\n" % content_type if content_type else b"",
                 len(body),
                 extra,
                 b"" if self._keep_alive else b"connection: close\r\n",

@@ -25,7 +25,7 @@ import orjson
 
 from kvgate.sim.http import Connection, Request
 from kvgate.sim.profile import Profile
-from kvgate.sim.protocol import parse_body
+from kvgate.sim.validation import parse_body
 
 PULL_TIMEOUT_S = 5.0
 HANDOFF_FIELDS = ("remote_request_id", "remote_host", "remote_port", "remote_block_ids")

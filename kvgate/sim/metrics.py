@@ -2,8 +2,9 @@
 
 Names, types and the ``model_name``/``engine`` labels follow vLLM v1's Prometheus logger, so the
 gateway's scraper and dashboards cannot tell the simulator from vLLM; ``vllm:cache_config_info``
-carries the label set of vLLM 0.11 (every ``CacheConfig`` field and ``engine``, no ``model_name``), with
-0.32's ``kv_offloading_backend`` and ``kv_offloading_size`` (GiB) describing the host tier, if any.
+carries the label set of vLLM 0.32 (every ``CacheConfig`` field and ``engine``, no ``model_name``),
+``kv_cache_size_tokens`` included, which is where the gateway reads a replica's KV capacity, with
+``kv_offloading_backend`` and ``kv_offloading_size`` (GiB) describing the host tier, if any.
 The simulator's own health (how far its step loop ran behind schedule) and its role in disaggregated
 prefill/decode serving are exported next to them as ``kvgate_sim_*``.
 Rendered on demand by string building: a scrape costs nothing between scrapes.
@@ -14,6 +15,9 @@ from __future__ import annotations
 from kvgate.sim.engine import Engine
 from kvgate.sim.profile import Profile
 from kvgate.sim.stats import Histogram
+
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+"""Every ``finished_reason`` vLLM exports, each from the start (the simulator never sees the last two)."""
 
 
 def _fmt(value: float) -> str:
@@ -30,30 +34,45 @@ def _cache_config_info(engine: Engine, engine_index: int) -> str:
     ``None`` included), plus ``engine``, and unlike the other gauges no ``model_name``."""
     profile = engine.profile
     offloading = profile.num_cpu_blocks > 0
+    capacity_tokens = profile.num_gpu_blocks * profile.block_size_tokens
     fields = {
+        "_block_size_resolved": "True",
         "block_size": str(profile.block_size_tokens),
         "cache_dtype": "auto",
-        "calculate_kv_scales": "False",
-        "cpu_kvcache_space_bytes": "None",
-        "cpu_offload_gb": "0.0",
+        "cache_hit_alignment_tokens": "None",
+        "effective_attention_block_size": str(profile.block_size_tokens),
+        "enable_mamba_shared_prefix_checkpoint": "False",
         "enable_prefix_caching": "True",
         "engine": str(engine_index),
         "gpu_memory_utilization": "0.9",
+        "hash_block_size": "None",
         "is_attention_free": "False",
-        "kv_cache_memory_bytes": "None",
+        "kv_cache_dtype_skip_layers": "[]",
+        "kv_cache_layout": "None",
+        "kv_cache_max_concurrency": str(round(capacity_tokens / profile.max_model_len, 2)),
+        "kv_cache_memory_bytes": str(capacity_tokens * profile.kv_bytes_per_token),
+        "kv_cache_size_tokens": str(capacity_tokens),
         "kv_offloading_backend": "native",
         "kv_offloading_size": str(offloading_gib(profile)) if offloading else "None",
         "kv_sharing_fast_prefill": "False",
+        "mamba_block_size": "None",
         "mamba_cache_dtype": "auto",
+        "mamba_cache_mode": "none",
         "mamba_page_size_padded": "None",
-        "mamba_ssm_cache_dtype": "auto",
+        "mamba_ssm_cache_dtype": "float32",
         "num_cpu_blocks": str(profile.num_cpu_blocks) if offloading else "None",
         "num_gpu_blocks": str(profile.num_gpu_blocks),
         "num_gpu_blocks_override": "None",
+        "prefix_cache_retention_interval": "0",
         "prefix_caching_hash_algo": "sha256",
+        "prefix_match_unit": "None",
+        "replayssm_buffer_len": "16",
+        "skip_page_size_padded": "None",
         "sliding_window": "None",
-        "swap_space": "0.0",
-        "swap_space_bytes": "0.0",
+        "swa_bounded_replay": "True",
+        "use_kda_recoverssm": "False",
+        "use_replayssm": "False",
+        "user_specified_block_size": "False",
     }
     return "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in fields.items()) + "} 1.0"
 
@@ -84,9 +103,12 @@ def render_metrics(
 
     def histogram(name: str, hist: Histogram, help_text: str) -> None:
         family(name, "histogram", help_text)
+        # vLLM's bucket lines sort ``le`` among the labels: engine, le, model_name.
+        before_le = f'{name}_bucket{{engine="{engine_index}",le="'
+        after_le = f'",model_name="{model}"}} '
         for bound, cumulative in zip((*hist.bounds, float("inf")), hist.cumulative(), strict=True):
             le = "+Inf" if bound == float("inf") else _fmt(bound)
-            lines.append(f'{name}_bucket{{{labels},le="{le}"}} {_fmt(cumulative)}')
+            lines.append(f"{before_le}{le}{after_le}{_fmt(cumulative)}")
         lines.append(f"{name}_count{{{labels}}} {_fmt(hist.count)}")
         lines.append(f"{name}_sum{{{labels}}} {_fmt(hist.sum)}")
 
@@ -146,7 +168,8 @@ def render_metrics(
     )
     counter("vllm:generation_tokens", stats.generation_tokens, "Number of generation tokens processed.")
     family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
-    for reason, count in stats.request_success.items():
+    for reason in FINISHED_REASONS:
+        count = stats.request_success.get(reason, 0)
         lines.append(f'vllm:request_success_total{{{labels},finished_reason="{reason}"}} {_fmt(count)}')
     histogram(
         "vllm:time_to_first_token_seconds", stats.ttft_s, "Histogram of time to first token in seconds."

@@ -23,7 +23,8 @@ class Profile:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
-    # Roofline: step_s = t_fixed_s + max(compute_s, memory_s), times the warm-up factor.
+    # Roofline: step_s = t_fixed_s + seqs * seq_overhead_s + max(compute_s, memory_s), times the
+    # warm-up factor.
     t_fixed_s: float
     weights_bytes: float
     kv_bytes_per_token: int
@@ -51,6 +52,11 @@ class Profile:
     # conservative middle: a load of Llama-3.1-8B's KV runs ~6x faster than recomputing the prefix.
     cpu_offload_tokens: int = 0
     cpu_offload_bytes_per_s: float = 25e9
+    # Costs a fitted profile (``kvgate sim calibrate``) measures that a GPU's roofline leaves out: per
+    # scheduled sequence per step (sampling, bookkeeping; large on a CPU), and the front end's latency
+    # before a request can be scheduled (tokenisation, hand-off to the engine), seconds of wall time.
+    seq_overhead_s: float = 0.0
+    frontend_latency_s: float = 0.0
 
     @property
     def num_gpu_blocks(self) -> int:
@@ -145,8 +151,6 @@ _POSITIVE = frozenset(
         "max_num_seqs",
         "max_num_batched_tokens",
         "max_model_len",
-        "weights_bytes",
-        "flops_per_token",
         "peak_flops",
         "mfu_ratio",
         "hbm_bytes_per_s",
@@ -158,14 +162,17 @@ _POSITIVE = frozenset(
 )
 
 
-def step_duration_s(profile: Profile, tokens: int, attention_ctx_tokens: float, kv_read_tokens: int) -> float:
-    """Seconds one engine step takes, before warm-up: fixed overhead plus the slower of compute
-    (the weights' matmuls over every scheduled token, plus attention over the context each token
-    sees) and memory (the weights once, plus every resident KV token the step attends over)."""
+def step_duration_s(
+    profile: Profile, tokens: int, attention_ctx_tokens: float, kv_read_tokens: int, seqs: int = 0
+) -> float:
+    """Seconds one engine step takes, before warm-up: fixed overhead, a cost per scheduled sequence,
+    plus the slower of compute (the weights' matmuls over every scheduled token, plus attention over
+    the context each token sees) and memory (the weights once, plus every resident KV token the
+    step attends over)."""
     compute_flops = (
         tokens * profile.flops_per_token + attention_ctx_tokens * profile.attention_flops_per_token_ctx
     )
     compute_s = compute_flops / (profile.peak_flops * profile.mfu_ratio)
     memory_bytes = profile.weights_bytes + kv_read_tokens * profile.kv_bytes_per_token
     memory_s = memory_bytes / (profile.hbm_bytes_per_s * profile.hbm_efficiency_ratio)
-    return profile.t_fixed_s + max(compute_s, memory_s)
+    return profile.t_fixed_s + seqs * profile.seq_overhead_s + max(compute_s, memory_s)

@@ -47,13 +47,16 @@ from kvgate.sim.protocol import (
     DONE_CHUNK,
     VLLM_VERSION,
     ApiError,
-    GenerationRequest,
-    length_error,
-    model_not_found,
     models_body,
-    parse_body,
-    parse_generation,
+    system_fingerprint,
     tokenize_body,
+)
+from kvgate.sim.validation import (
+    GenerationRequest,
+    content_type_error,
+    fit_to_context,
+    parse_generation,
+    tokenize_request,
 )
 from kvgate.sim.vllm_block_hash import BlockDigests
 from kvgate.vocabulary.replica import Role
@@ -64,6 +67,8 @@ _CATCH_UP_REAL_S = 0.05
 _METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 _NOT_FOUND = b'{"detail":"Not Found"}'
 _METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
+_JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize"})
+"""Routes whose body vLLM reads as JSON, refusing any other content type."""
 _ROUTES = {
     "/v1/chat/completions": "POST",
     "/v1/completions": "POST",
@@ -113,6 +118,7 @@ class SimReplica:
         self.engine = Engine(profile, seed=seed, digests=digests if kv_events is not None else None)
         self.max_model_len = min(profile.max_model_len, profile.kv_capacity_tokens)
         self.lag_s = 0.0
+        self.fingerprint = system_fingerprint(seed, index)
         self._prompts = PromptEncoder(
             tokenizer or TiktokenTokenizer.from_name(),
             chat_template or ChatTemplate(),
@@ -347,7 +353,9 @@ class SimReplica:
         if method is None:
             conn.respond(404, _NOT_FOUND)
         elif method != request.method:
-            conn.respond(405, _METHOD_NOT_ALLOWED)
+            conn.respond(405, _METHOD_NOT_ALLOWED, extra=b"allow: %s\r\n" % method.encode())
+        elif path in _JSON_ROUTES and (refused := content_type_error(request.headers.get(b"content-type"))):
+            conn.respond(refused.status, refused.body())
         elif path == "/v1/chat/completions":
             self._generate(conn, request, chat=True)
         elif path == "/v1/completions":
@@ -355,7 +363,7 @@ class SimReplica:
         elif path == "/metrics":
             conn.respond(200, render_metrics(self.engine, self.model, self.lag_s, self.role), _METRICS_TYPE)
         elif path == "/health":
-            conn.respond(200, b"")
+            conn.respond(200, b"", content_type=b"")
         elif path == "/v1/models":
             conn.respond(200, models_body(self.model, self.max_model_len, self.created, self._id_prefix))
         elif path == "/version":
@@ -377,7 +385,7 @@ class SimReplica:
             error = ApiError(503, "The server is shutting down.", "ServiceUnavailableError")
             conn.respond(503, error.body())
             return
-        parsed = parse_generation(request.body, chat, self.model)
+        parsed = parse_generation(request.body, chat, self.model, self.max_model_len)
         if isinstance(parsed, ApiError):
             conn.respond(parsed.status, parsed.body())
             return
@@ -388,11 +396,13 @@ class SimReplica:
             )
         role = self.role
         requested_max = 1 if role is Role.PREFILL else parsed.max_tokens
+        caps: list[int] = []
         for token_ids, _hashes in prompts:
-            too_long = length_error(self.max_model_len, len(token_ids), requested_max)
-            if too_long is not None:
-                conn.respond(too_long.status, too_long.body())
+            cap = fit_to_context(self.max_model_len, len(token_ids), requested_max)
+            if isinstance(cap, ApiError):
+                conn.respond(cap.status, cap.body())
                 return
+            caps.append(cap)
         kv_transferred = role is Role.DECODE and parsed.remote_prefill
         handoff = parsed.kv_transfer_params or {}
         if kv_transferred and any(handoff.get(name) is None for name in HANDOFF_FIELDS):
@@ -433,25 +443,48 @@ class SimReplica:
             # As vLLM's StreamingResponse: status and headers at once, events from the first token.
             conn.start_stream()
         if kv_transferred:
-            pull = asyncio.create_task(self._receive_kv(exchange, handoff, prompts, parsed, requested_max))
+            pull = asyncio.create_task(self._receive_kv(exchange, handoff, prompts, caps, parsed))
             self._pulls.add(pull)
             pull.add_done_callback(self._pulls.discard)
             return
-        self._add_sequences(exchange, prompts, parsed, requested_max, kv_transferred=False)
+        latency_s = self.profile.frontend_latency_s * self.time_scale
+        if latency_s > 0:
+            # vLLM's front end (tokenisation, hand-off to the engine) runs beside the engine: the
+            # request arrives now and can be scheduled once it is through.
+            arrival_s = self.sim_now()
+            loop = asyncio.get_running_loop()
+            loop.call_later(latency_s, self._admit, exchange, prompts, caps, parsed, arrival_s)
+            return
+        self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=False)
+
+    def _admit(
+        self,
+        exchange: Exchange,
+        prompts: list[tuple[list[int], list[int]]],
+        caps: list[int],
+        parsed: GenerationRequest,
+        arrival_s: float,
+    ) -> None:
+        """The front end is through: queue the request, unless its client left (or the replica died)."""
+        if exchange in self._exchanges:
+            self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=False, arrival_s=arrival_s)
 
     def _add_sequences(
         self,
         exchange: Exchange,
         prompts: list[tuple[list[int], list[int]]],
+        caps: list[int],
         parsed: GenerationRequest,
-        requested_max: int | None,
         kv_transferred: bool,
+        arrival_s: float | None = None,
     ) -> None:
-        arrival_s = self.sim_now()
+        """Queue every choice's sequence; ``caps[i]``: prompt ``i``'s output cap (``fit_to_context``);
+        ``arrival_s``: when it reached the replica (default now)."""
+        arrival_s = self.sim_now() if arrival_s is None else arrival_s
         choices = len(prompts) * parsed.n
         for index in range(choices):
             token_ids, hashes = prompts[index // parsed.n]
-            max_tokens = requested_max if requested_max is not None else self.max_model_len - len(token_ids)
+            max_tokens = caps[index // parsed.n]
             seq_id = exchange.response_id if choices == 1 else f"{exchange.response_id}-{index}"
             exchange.seqs.append(
                 self.engine.add_request(
@@ -473,8 +506,8 @@ class SimReplica:
         exchange: Exchange,
         handoff: dict[str, Any],
         prompts: list[tuple[list[int], list[int]]],
+        caps: list[int],
         parsed: GenerationRequest,
-        requested_max: int | None,
     ) -> None:
         """Pull the prompt's KV from the prefill instance, spend the link's time on the bytes, then
         decode; a failed pull fails the request."""
@@ -495,28 +528,15 @@ class SimReplica:
             await asyncio.sleep(moved / self.profile.kv_link_bytes_per_s * self.time_scale)
             if exchange not in self._exchanges:
                 return
-        self._add_sequences(exchange, prompts, parsed, requested_max, kv_transferred=True)
+        self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=True)
 
     def _tokenize(self, conn: Connection, request: Request) -> None:
-        body = parse_body(request.body)
-        if isinstance(body, ApiError):
-            conn.respond(body.status, body.body())
+        parsed = tokenize_request(request.body, self.model)
+        if isinstance(parsed, ApiError):
+            conn.respond(parsed.status, parsed.body())
             return
-        model = body.get("model") or self.model
-        if model != self.model:
-            error = model_not_found(str(model))
-            conn.respond(error.status, error.body())
-            return
-        messages = body.get("messages")
-        prompt = body.get("prompt")
-        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-            text = self._prompts.template.render(messages)
-        elif isinstance(prompt, str):
-            text = prompt
-        else:
-            error = ApiError(400, "Either `prompt` (a string) or `messages` (a list) is required.")
-            conn.respond(error.status, error.body())
-            return
+        chat, content = parsed
+        text = self._prompts.template.render(content) if chat else content
         token_ids, _hashes = self._prompts.encode(text)
         conn.respond(200, tokenize_body(token_ids, self.max_model_len))
 

@@ -114,26 +114,41 @@ async def test_models_health_version_and_unknown_paths(fleet: SimFleet, http: ai
     async with http.get(url + "/v2/nothing") as r:
         assert r.status == 404
     async with http.get(url + "/v1/completions") as r:
-        assert r.status == 405
+        assert (r.status, r.headers["allow"]) == (405, "POST")
 
 
 @pytest.mark.parametrize(
-    ("body", "status"),
+    ("body", "content_type", "status"),
     [
-        (b"{oops", 400),
-        (b'{"prompt": "x", "max_tokens": 30000}', 400),
-        (b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400),
-        (b'{"prompt": "x", "model": "gpt-4"}', 404),
-        (b'{"prompt": 12}', 400),
+        (b"{oops", "application/json", 400),
+        (b'{"prompt": "x", "max_tokens": 30000}', "application/json", 400),
+        (b'{"prompt": "x", "stream_options": {"include_usage": true}}', "application/json", 400),
+        (b'{"prompt": "x", "model": "gpt-4"}', "application/json", 404),
+        (b'{"prompt": 12}', "application/json", 400),
+        (b'{"prompt": "x"}', "text/plain", 400),
     ],
 )
 async def test_bad_input_gets_a_vllm_error_body(
-    fleet: SimFleet, http: aiohttp.ClientSession, body: bytes, status: int
+    fleet: SimFleet, http: aiohttp.ClientSession, body: bytes, content_type: str, status: int
 ) -> None:
-    async with http.post(fleet.urls[0] + "/v1/completions", data=body) as r:
+    headers = {"content-type": content_type}
+    async with http.post(fleet.urls[0] + "/v1/completions", data=body, headers=headers) as r:
         assert r.status == status
         error = orjson.loads(await r.read())["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == status
+
+
+async def test_output_past_the_context_window_is_cut_not_refused(
+    fleet: SimFleet, http: aiohttp.ClientSession
+) -> None:
+    """As vLLM: prompt + max_tokens past max_model_len runs, and stops with the window full."""
+    prompt = list(range(100, 19_990))
+    body = {"prompt": prompt, "max_tokens": 500, "ignore_eos": True}
+    async with http.post(fleet.urls[0] + "/v1/completions", json=body) as r:
+        assert r.status == 200
+        answer = await r.json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["usage"]["total_tokens"] == 20_000
 
 
 async def test_request_id_n_and_recorded_stream(fleet: SimFleet, http: aiohttp.ClientSession) -> None:

@@ -11,8 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvgate.sim.engine import Engine
 from kvgate.sim.metrics import render_metrics
 from kvgate.sim.profile import resolve_profile
-from kvgate.sim.protocol import ApiError, GenerationRequest, parse_generation
+from kvgate.sim.protocol import ApiError
 from kvgate.sim.replica import parse_role
+from kvgate.sim.validation import GenerationRequest, parse_generation
 from kvgate.vocabulary.replica import Role
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -60,12 +61,12 @@ def test_a_preempted_transferred_sequence_prefills_itself() -> None:
 
 
 def _parse(body: dict[str, object]) -> GenerationRequest | ApiError:
-    return parse_generation(orjson.dumps({"model": MODEL, "prompt": "x", **body}), False, MODEL)
+    return parse_generation(orjson.dumps({"model": MODEL, "prompt": "x", **body}), False, MODEL, 4096)
 
 
 def test_kv_transfer_params_are_parsed_and_checked() -> None:
     error = _parse({"kv_transfer_params": [1]})
-    assert isinstance(error, ApiError) and error.status == 400 and error.param == "kv_transfer_params"
+    assert isinstance(error, ApiError) and error.status == 400 and error.param == "body.kv_transfer_params"
     remote = _parse({"kv_transfer_params": {"do_remote_prefill": True, "remote_port": 1}})
     producer = _parse({"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}})
     plain = _parse({})
