@@ -117,6 +117,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="answer vLLM's replay requests (a ZMQ ROUTER), replica i on this port + i (default: off)",
     )
+    parser.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="report prompt tokens served from cache in usage.prompt_tokens_details, as vLLM's flag",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds output lengths and ids (default 0)")
 
 
@@ -165,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         wait_ready=False,
         role=args.role,
         kv_events=kv_events,
+        prompt_tokens_details=args.enable_prompt_tokens_details,
     )
     with contextlib.suppress(KeyboardInterrupt):
         _runner(_serve(fleet, cold_start_s * args.time_scale))

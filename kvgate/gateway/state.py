@@ -115,6 +115,11 @@ class ProxyRequest:
     prompt_tokens: int | None = None
     """The replica's own count, from ``usage``."""
     completion_tokens: int | None = None
+    cached_tokens_expected: int | None = None
+    """Prompt tokens routing expected the chosen replica to serve from its prefix cache."""
+    cached_tokens: int | None = None
+    """Prompt tokens the replica says it served from cache (``usage.prompt_tokens_details``; vLLM
+    reports them when started with ``--enable-prompt-tokens-details``)."""
     ttft_s: float | None = None
     """A non-streamed response's time to first token, until the metrics hear it (with the rest of
     the response's measurements, or at release when sending it to the client failed)."""

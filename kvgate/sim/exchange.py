@@ -31,6 +31,7 @@ class Exchange:
 
     __slots__ = (
         "buf",
+        "cached_tokens_reported",
         "chat",
         "conn",
         "created",
@@ -87,6 +88,9 @@ class Exchange:
         self.single_stream = stream and n == 1
         self.framed: list[bytes | None] = [None] * len(WORDS)
         self.kv_transfer_params: dict[str, object] | None = None
+        self.cached_tokens_reported = False
+        """Report the prompt tokens served from cache in ``usage`` (vLLM's
+        ``--enable-prompt-tokens-details``)."""
 
     def send_token(self, seq: EngineRequest) -> None:
         """The hot path: one mid-stream token of a single-choice stream, written at once."""
@@ -144,6 +148,7 @@ class Exchange:
                     sum(s.num_output_tokens for s in self.seqs),
                     self.owner.fingerprint,
                     self.kv_transfer_params,
+                    self._cached_tokens(),
                 )
                 self._record(body)
                 self.owner.finish(self)
@@ -152,7 +157,8 @@ class Exchange:
         if done:
             if self.include_usage:
                 completion = sum(s.num_output_tokens for s in self.seqs)
-                self.buf.append(self.templates.usage_chunk(self.prompt_tokens, completion))
+                usage = self.templates.usage_chunk(self.prompt_tokens, completion, self._cached_tokens())
+                self.buf.append(usage)
             self.buf.append(DONE_CHUNK)
         data = b"".join(self.buf)
         self.buf.clear()
@@ -162,6 +168,12 @@ class Exchange:
             conn.end_stream(data)
         else:
             conn.send(data)
+
+    def _cached_tokens(self) -> int | None:
+        """The first sequence's prefix-cache hit, as vLLM counts one per request."""
+        if not self.cached_tokens_reported or not self.seqs:
+            return None
+        return max(0, self.seqs[0].num_cached_tokens)
 
     def _record(self, data: bytes) -> None:
         if self.record is not None:

@@ -70,6 +70,7 @@ class SimFleet:
         chat_template: ChatTemplate | None = None,
         role: Role | str = Role.MIXED,
         kv_events: KvEventsConfig | None = None,
+        prompt_tokens_details: bool = False,
     ) -> None:
         if replicas < 0:
             raise ValueError(f"replicas must be >= 0, got {replicas}")
@@ -95,6 +96,7 @@ class SimFleet:
         self._control_conns: set[Connection] = set()
         self.control_url: str | None = None
         self.kv_events = kv_events
+        self.prompt_tokens_details = prompt_tokens_details
         self._digests: BlockDigests | None = None
 
     @property
@@ -180,6 +182,7 @@ class SimFleet:
             role=self.role if role is None else role,
             kv_events=events,
             digests=self._digests,
+            prompt_tokens_details=self.prompt_tokens_details,
         )
         self.replicas.append(replica)
         if loading:

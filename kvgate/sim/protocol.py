@@ -93,12 +93,17 @@ class StreamTemplates:
             self.tail = b'","logprobs":null,"finish_reason":null,' + fields + b"]}\n\n"
             self.tail_stop = b'","logprobs":null,"finish_reason":"%s",' + fields + end
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        usage = b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}' % (
+    def usage_chunk(
+        self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    ) -> bytes:
+        usage = b'{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d' % (
             prompt_tokens,
             prompt_tokens + completion_tokens,
             completion_tokens,
         )
+        if cached_tokens is not None:
+            usage += b',"prompt_tokens_details":{"cached_tokens":%d}' % cached_tokens
+        usage += b"}"
         return b'data: %s,"choices":[],"usage":%s,"system_fingerprint":"%s"}\n\n' % (
             self._envelope,
             usage,
@@ -120,7 +125,10 @@ def full_response(
     completion_tokens: int,
     fingerprint: str,
     kv_transfer_params: dict[str, Any] | None = None,
+    cached_tokens: int | None = None,
 ) -> bytes:
+    """The whole response; ``cached_tokens`` (prompt tokens served from the prefix cache) is reported
+    as vLLM started with ``--enable-prompt-tokens-details`` reports it."""
     choices: list[dict[str, Any]]
     if chat:
         choices = [
@@ -170,7 +178,7 @@ def full_response(
             "prompt_tokens": prompt_tokens,
             "total_tokens": prompt_tokens + completion_tokens,
             "completion_tokens": completion_tokens,
-            "prompt_tokens_details": None,
+            "prompt_tokens_details": None if cached_tokens is None else _prompt_details(cached_tokens),
             "completion_tokens_details": None,
         },
     }
@@ -178,6 +186,10 @@ def full_response(
         body.update(prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
     body.update(kv_transfer_params=kv_transfer_params, ec_transfer_params=None, metrics=None)
     return orjson.dumps(body)
+
+
+def _prompt_details(cached_tokens: int) -> dict[str, Any]:
+    return {"cached_tokens": cached_tokens, "created_cache_tokens": None, "multimodal_tokens": None}
 
 
 def models_body(model: str, max_model_len: int, created: int, id_prefix: str) -> bytes:

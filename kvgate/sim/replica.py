@@ -100,8 +100,11 @@ class SimReplica:
         role: Role | str = Role.MIXED,
         kv_events: KvEventsConfig | None = None,
         digests: BlockDigests | None = None,
+        prompt_tokens_details: bool = False,
     ) -> None:
-        """``kv_events``: publish KV cache events there; ``digests``: the fleet's shared vLLM hashes."""
+        """``kv_events``: publish KV cache events there; ``digests``: the fleet's shared vLLM hashes;
+        ``prompt_tokens_details``: report prompt tokens served from cache in ``usage``, as vLLM does
+        with ``--enable-prompt-tokens-details``."""
         if time_scale < 0:
             raise ValueError(f"time_scale must be >= 0, got {time_scale}")
         self.role = parse_role(role)
@@ -111,6 +114,7 @@ class SimReplica:
         self.host = host
         self.port = port
         self.time_scale = time_scale
+        self.prompt_tokens_details = prompt_tokens_details
         self.state = "starting"
         self.publisher = KvEventPublisher(kv_events, host) if kv_events is not None else None
         if kv_events is not None and digests is None:
@@ -432,6 +436,7 @@ class SimReplica:
             sum(len(token_ids) for token_ids, _hashes in prompts),
             record,
         )
+        exchange.cached_tokens_reported = self.prompt_tokens_details
         if role is Role.PREFILL:
             exchange.kv_transfer_params = self._transfers.offer(
                 base_id, exchange.prompt_tokens, self.host, self.port

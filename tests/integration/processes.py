@@ -10,7 +10,7 @@ import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import aiohttp
 import openai
@@ -31,14 +31,19 @@ WORK_GAUGES = (
 
 @asynccontextmanager
 async def serving_process(
-    tmp_path: Path, config: dict[str, Any], *args: str, port: int | None = None
+    tmp_path: Path,
+    config: dict[str, Any],
+    *args: str,
+    port: int | None = None,
+    stderr: IO[bytes] | None = None,
 ) -> AsyncIterator[tuple[str, asyncio.subprocess.Process]]:
     """``kvgate serve --config FILE ARGS`` with ``config`` written to FILE, yielded with its URL once
     ``/readyz`` answers (on ``port``, else the config's ``server.port``); killed on exit unless the
-    test already stopped it."""
+    test already stopped it. Its stderr (the access log) goes to ``stderr``, else to the test's."""
     config_file = tmp_path / "kvgate.yaml"
     config_file.write_bytes(orjson.dumps(config))  # JSON is YAML
-    process = await asyncio.create_subprocess_exec(KVGATE, "serve", "--config", str(config_file), *args)
+    command = (KVGATE, "serve", "--config", str(config_file), *args)
+    process = await asyncio.create_subprocess_exec(*command, stderr=stderr)
     url = f"http://127.0.0.1:{port if port is not None else config['server']['port']}"
     try:
         async with aiohttp.ClientSession() as http:

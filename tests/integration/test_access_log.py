@@ -32,6 +32,8 @@ FIELDS = {
     "prompt_tokens",
     "max_output_tokens",
     "completion_tokens",
+    "cached_tokens_expected",
+    "cached_tokens",
     "queue_wait_s",
     "ttft_s",
     "duration_s",
@@ -89,6 +91,8 @@ async def test_each_completion_writes_one_json_line_with_its_fields(
             assert record["prompt_tokens_estimated"] > 0 and record["prompt_tokens"] > 0
             assert record["max_output_tokens"] == 8
             assert record["completion_tokens"] > 0
+            assert record["cached_tokens_expected"] == 0, "a prompt never seen is expected to miss"
+            assert record["cached_tokens"] is None, "a replica that reports no prompt_tokens_details"
             assert record["queue_wait_s"] == 0.0
             assert 0.0 < record["ttft_s"] <= record["duration_s"]
             assert record["status"] == 200 and record["reason"] is None and record["retries"] == 0

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 
 from kvgate.admission.tokenizer import TiktokenTokenizer
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
@@ -20,6 +21,7 @@ from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_c
 KV_CAPACITY_TOKENS = 4000
 MAX_SEQS = 16
 PROMPT = "Summarise the following words: " + " ".join(f"item{i}" for i in range(24))
+JSON = {"content-type": "application/json"}
 PROMPT_TOKENS = TiktokenTokenizer.from_name().count(PROMPT)
 """The gateway and the simulator count the prompt with the same default encoding."""
 MAX_TOKENS = 500
@@ -217,9 +219,16 @@ async def test_the_replica_tokenizer_counts_exactly_and_usage_calibrates_streams
             assert (await http.post("/v1/chat/completions", json=chat)).status_code == 200
             streamed = await http.post("/v1/completions", json=completion(8, stream=True))
             assert streamed.status_code == 200 and b'"usage"' not in streamed.content
+            # Token ids are counted as they are, small or past the inline bound: never as text.
+            for ids, layout in (([11, 12, 13] * 50, 0), (list(range(10_000, 13_500)), orjson.OPT_INDENT_2)):
+                body = orjson.dumps({"model": MODEL, "prompt": ids, "max_tokens": 4}, option=layout)
+                assert (len(body) > OFF_LOOP_TEXT_BYTES) is (layout != 0)
+                answer = await http.post("/v1/completions", content=body, headers=JSON)
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["usage"]["prompt_tokens"] == len(ids)
             calibration = gw.gateway.path.dispatcher.controller.calibration.prompt(MODEL)
             assert calibration is not None
-            assert calibration.requests == 2
+            assert calibration.requests == 4
             assert calibration.estimated_tokens_total == calibration.actual_tokens_total
             await assert_idle(gw)
 

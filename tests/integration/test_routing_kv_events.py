@@ -9,6 +9,7 @@ the gateway finds where each publishes through ``GET /kv_event_sources``, as wit
 from __future__ import annotations
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.gateway.edge.server import RunningGateway, running_gateway
@@ -16,6 +17,7 @@ from kvgate.routing.prefix_hash import block_hashes
 from kvgate.sim.fleet import SimFleet
 from kvgate.sim.kv_publisher import KvEventsConfig
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
+from tests.integration.test_access_log import Stderr
 
 CACHE_TOKENS = 4_096
 """A replica's KV cache: a few prompts of 1,000 tokens fill it, so later ones evict earlier ones."""
@@ -92,3 +94,47 @@ async def test_a_replica_publishing_nothing_is_routed_on_what_kvgate_sent_it_and
         async with running_gateway(gateway_config(urls, pools=off)) as gw:
             cache = gw.gateway.path.dispatcher.router.cache
             assert not any(cache.follows(r) for r in gw.state.replicas)
+
+
+async def test_the_hit_routing_expects_is_the_hit_the_replica_reports(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Request by request, through evictions, the access log's ``cached_tokens_expected`` (what the
+    index says the chosen replica holds) equals the ``cached_tokens`` the replica reports."""
+    err = Stderr(capsys)
+    async with SimFleet(
+        replicas=1,
+        time_scale=0.0,
+        overrides=OVERRIDES,
+        kv_events=KvEventsConfig(),
+        prompt_tokens_details=True,
+    ) as fleet:
+        pools = [{"name": "default", "replicas": fleet.urls, "kv_capacity_tokens": CACHE_TOKENS}]
+        config = gateway_config(fleet.urls, pools=pools, routing={"warmup_s": 0})
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            cache = gw.gateway.path.dispatcher.router.cache
+            replica_id = next(iter(gw.state.replicas))
+            assert await eventually(lambda: cache.follows(replica_id))
+            engine = fleet.replicas[0].engine
+            encode = fleet.replicas[0]._prompts.tokenizer.encode
+            sends = [("alpha", 900), ("alpha", 950), ("beta", 900), ("gamma", 500), ("alpha", 1000)]
+            sends += [("delta", 900), ("epsilon", 900), ("alpha", 1000), ("beta", 900)]
+            for sent, (word, words) in enumerate(sends, 1):
+                text = prompt(word, words)
+                await complete(http, gw, text)
+                hashes = block_hashes(encode(text), 16)
+                # The next request is routed once the index has heard this one's events.
+                assert await eventually(
+                    lambda h=hashes: (
+                        cache.match(replica_id, h, float("inf")).gpu_blocks
+                        == len(engine.pool.cached_prefix(h))
+                    )
+                )
+                assert await eventually(lambda n=sent: len(err.access()) == n)
+            records = err.access()
+            expected = [r["cached_tokens_expected"] for r in records]
+            reported = [r["cached_tokens"] for r in records]
+            assert expected == reported
+            assert reported[0] == 0 and reported[1] > 0, "a repeated prompt hits"
+            assert 0 < reported[4] < reported[1], "part of the first prompt was evicted in between"
+            await assert_idle(gw)

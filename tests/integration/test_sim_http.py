@@ -187,6 +187,34 @@ async def test_shared_prefix_raises_hits_and_lowers_ttft(
     assert warm < cold / 3
 
 
+async def test_prompt_tokens_details_report_the_hit_as_vllm_does(http: aiohttp.ClientSession) -> None:
+    """With vLLM's ``--enable-prompt-tokens-details``: whole blocks, never the prompt's last token,
+    in the non-streamed usage's three fields and the stream's usage chunk's one; absent without it."""
+    shared = "The quick brown fox jumps over the lazy dog. " * 30
+    async with SimFleet(replicas=1, time_scale=0.0, overrides=SMALL, prompt_tokens_details=True) as sim:
+        url = sim.urls[0] + "/v1/completions"
+        body = {"prompt": shared, "max_tokens": 2}
+        async with http.post(url, json=body) as r:
+            cold = (await r.json())["usage"]
+        async with http.post(url, json=body) as r:
+            warm = (await r.json())["usage"]
+        stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        async with http.post(url, json=stream) as r:
+            events = [line for line in (await r.text()).splitlines() if line.startswith("data: {")]
+        streamed = orjson.loads(events[-1][6:])["usage"]
+    prompt_tokens = warm["prompt_tokens"]
+    hit = (prompt_tokens - 1) // 16 * 16
+    details = {"cached_tokens": hit, "created_cache_tokens": None, "multimodal_tokens": None}
+    assert cold["prompt_tokens_details"] == {**details, "cached_tokens": 0}
+    assert warm["prompt_tokens_details"] == details
+    assert streamed["prompt_tokens_details"] == {"cached_tokens": hit}
+    async with (
+        SimFleet(replicas=1, time_scale=0.0, overrides=SMALL) as plain,
+        http.post(plain.urls[0] + "/v1/completions", json=body) as r,
+    ):
+        assert (await r.json())["usage"]["prompt_tokens_details"] is None
+
+
 async def test_overcommit_preempts_and_fills_kv() -> None:
     async with (
         SimFleet(

@@ -342,6 +342,7 @@ class Dispatcher:
             raise RuntimeError(f"request {request.request_id} already holds a reservation")
         self.leases.hold(request)
         request.tried.append(replica.replica_id)
+        request.cached_tokens_expected = choice.cached_prompt_tokens
         return Route(replica)
 
     async def _wait(self, request: ProxyRequest, queued: Queue, queued_at_s: float) -> Route | Refusal:

@@ -7,6 +7,8 @@ remembered, by model and text, in a bounded least-recently-used map (``CACHED_PR
 prompt (a system prompt, a retried or replayed request) costs one dictionary lookup instead of a
 tokenisation and a hashing. Kind ``replica``
 asks a replica of the model's pool for its own count (``POST /tokenize``): exact, one round trip.
+A completions prompt given as token ids is counted as it is, whatever the kind: the replica takes
+those ids as they are too.
 
 Counting a large prompt is bounded, because an 8 MB prompt costs seconds of CPU: at most the
 model's ``tokenize_concurrency`` prompts over ``OFF_LOOP_TEXT_BYTES`` are counted at once (a worker
@@ -91,11 +93,12 @@ class PromptEncoder:
         """The prompt when it is counted here, on the event loop (a local tokeniser and a body of at
         most ``OFF_LOOP_TEXT_BYTES``); None when ``encode`` must ask a replica or a worker thread."""
         tokenizer, template = self._local[model]
-        if tokenizer is None or raw_size_bytes > OFF_LOOP_TEXT_BYTES:
+        if raw_size_bytes > OFF_LOOP_TEXT_BYTES or (tokenizer is None and not _has_token_ids(body)):
             return None
         prompt = prompt_of(body, template)
         if isinstance(prompt, list):
             return PromptTokens.of(prompt, self._block_size_tokens)
+        assert tokenizer is not None
         cache = self._cache
         key = (model, prompt)
         tokens = cache.pop(key, None)
@@ -122,7 +125,8 @@ class PromptEncoder:
         if tokens is not None:
             return tokens
         tokenizer, template = self._local[model]
-        if tokenizer is None and raw_size_bytes <= OFF_LOOP_TEXT_BYTES:
+        by_replica = tokenizer is None and not _has_token_ids(body)
+        if by_replica and raw_size_bytes <= OFF_LOOP_TEXT_BYTES:
             return PromptTokens.of(
                 await _replica_tokens(session, url, model, body, headers), self._block_size_tokens
             )
@@ -132,7 +136,7 @@ class PromptEncoder:
             await turns.acquire()
         finally:
             self.waiting -= 1
-        if tokenizer is None:
+        if by_replica:
             self.running += 1
             try:
                 return PromptTokens.of(
@@ -168,9 +172,17 @@ class PromptEncoder:
             work.exception()
 
 
+def _has_token_ids(body: Mapping[str, Any]) -> bool:
+    """Whether a completions prompt is token ids (one list, or a batch of lists)."""
+    prompt = body.get("prompt")
+    if "messages" in body or not isinstance(prompt, list) or not prompt:
+        return False
+    return not isinstance(prompt[0], str)
+
+
 def _count(
     job: EncodeJob,
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | None,
     template: ChatTemplate,
     body: Mapping[str, Any],
     block_size_tokens: int,
@@ -180,6 +192,7 @@ def _count(
     prompt = prompt_of(body, template)
     if isinstance(prompt, list):
         return PromptTokens.of(prompt, block_size_tokens)
+    assert tokenizer is not None, "a text prompt of a model counted by its replica"
     limit = job.limit_tokens
     hasher = BlockHasher(block_size_tokens)
     count = 0

@@ -351,6 +351,9 @@ def _record_usage(request: ProxyRequest, usage: object) -> None:
             request.prompt_tokens = prompt
         if isinstance(completion, int):
             request.completion_tokens = completion
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and isinstance(cached := details.get("cached_tokens"), int):
+            request.cached_tokens = cached
 
 
 def _read_usage(request: ProxyRequest, body: bytes) -> None:

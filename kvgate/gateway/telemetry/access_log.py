@@ -3,7 +3,8 @@
 The proxy calls ``AccessLog.write`` once per request, in its ``finally``, and the line is built from
 what the ``ProxyRequest`` already holds: both ids (the gateway's ``request_id`` and the client's
 ``X-Request-Id`` label), tenant, model, pool, the replica by its name (never its URL), prompt
-tokens as estimated and as the replica counted them, the output cap priced, tokens produced, queue
+tokens as estimated and as the replica counted them, prompt tokens routing expected the replica
+to find in its prefix cache and those it says it found, the output cap priced, tokens produced, queue
 wait, time to first token, duration, status, reason and retries. It never holds a header value, a
 body or a replica address, so no credential or prompt can reach it.
 
@@ -120,6 +121,8 @@ class AccessLog:
             "prompt_tokens": request.prompt_tokens,
             "max_output_tokens": None if admission is None else admission.cost.max_output_tokens,
             "completion_tokens": request.completion_tokens,
+            "cached_tokens_expected": request.cached_tokens_expected,
+            "cached_tokens": request.cached_tokens,
             "queue_wait_s": request.queue_wait_s or 0.0,
             "ttft_s": None if first_token_s is None else first_token_s - request.arrived_s,
             "duration_s": now_s - request.started_s,
