@@ -69,11 +69,6 @@ class KvgatePolicy:
         if holding and self._holder_is_full(request, window, passed, gate):
             return RoutingDecision(None, PREFIX_HOLDER_FULL)
         candidates = self._ramp.keep(passed, now_s, self._rng)
-        if not gate.check_room:
-            # Admission off: nothing held the request back for room, but where some candidate has
-            # room for its worst case, over-committing another would only preempt there.
-            roomy = [view for view in candidates if gate.has_room(view)]
-            candidates = roomy or candidates
         token_shares, slot_shares = load_ratios(candidates, now_s, self._stale_s, gate.slots)
         loads = [tokens + slots for tokens, slots in zip(token_shares, slot_shares, strict=True)]
         matches = [self._match(view.replica_id, request, now_s) for view in candidates]
