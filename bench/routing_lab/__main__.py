@@ -10,11 +10,12 @@ from pathlib import Path
 import bench.routing_lab as package
 from bench.harness.cli import benchmark_parser, recorded
 from bench.routing_lab.replay import lab_requests, play
-from bench.routing_lab.replays import from_file, replay_requests, shaped
+from bench.routing_lab.replays import Replay, from_file, replay_requests, shaped
 from bench.routing_lab.table import print_results
 from bench.routing_lab.traces import TRACES
 from bench.traces.shapes import SHAPES
 from kvgate.config.routing import RoutingConfig
+from kvgate.loadtest.reuse import reuse_ceiling
 from kvgate.sim.profile import resolve_profile
 
 
@@ -36,6 +37,12 @@ def parser() -> argparse.ArgumentParser:
     replay.add_argument("--start-s", type=float, default=0.0, help="where in the file to start (default 0)")
     replay.add_argument("--window-s", type=float, help="seconds of the file to replay (default: all)")
     replay.add_argument("--settings", default="", help="routing settings for kvgate, KEY=VALUE,...")
+    replay.add_argument(
+        "--cpu-offload-tokens",
+        type=int,
+        default=0,
+        help="a host-memory KV tier of this many tokens per replica, as vLLM's KV offloading (default: none)",
+    )
     parser.add_argument(
         "--kv-events", action="store_true", help="the engines' KV cache events feed the router's index"
     )
@@ -90,6 +97,8 @@ def _replay(args: argparse.Namespace) -> int:
         overrides["max_num_seqs"] = args.max_num_seqs
     if args.kv_tokens:
         overrides["kv_capacity_tokens"] = args.kv_tokens
+    if args.cpu_offload_tokens:
+        overrides["cpu_offload_tokens"] = args.cpu_offload_tokens
     settings = dict(pair.split("=", 1) for pair in args.settings.split(",") if pair)
     with recorded(args.out):
         requests = replay_requests(replay)
@@ -99,6 +108,13 @@ def _replay(args: argparse.Namespace) -> int:
             f"replicas (KV {profile.kv_capacity_tokens} tokens, {profile.max_num_seqs} sequences each); SLO "
             f"TTFT {replay.slo_ttft_s:g} s + prompt / {1 / replay.slo_ttft_per_prompt_token_s:,.0f} tok/s, "
             f"mean ITL {1000 * replay.slo_itl_s:g} ms"
+        )
+        print(
+            _reuse_line(
+                replay,
+                replay.replicas * profile.kv_capacity_tokens,
+                replay.replicas * profile.cpu_offload_tokens,
+            )
         )
         results = [
             play(
@@ -116,6 +132,16 @@ def _replay(args: argparse.Namespace) -> int:
         ]
         print_results(results, replay.slo_ttft_s, replay.slo_itl_s, replay.slo_ttft_per_prompt_token_s)
     return 0
+
+
+def _reuse_line(replay: Replay, gpu_tokens: int, host_tokens: int) -> str:
+    """The replay's reuse ceiling, so each policy's hit rate reads against what was possible."""
+    ceiling = reuse_ceiling(replay.requests, gpu_tokens).hit_ratio
+    line = f"reuse ceiling: {ceiling:.3f} (one LRU cache of the fleet's {gpu_tokens:,} KV tokens)"
+    if host_tokens:
+        with_host = reuse_ceiling(replay.requests, gpu_tokens + host_tokens).hit_ratio
+        line += f", {with_host:.3f} with the host tier ({host_tokens:,} tokens more)"
+    return line
 
 
 if __name__ == "__main__":

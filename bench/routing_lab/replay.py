@@ -115,6 +115,8 @@ class LabResult:
     hit_ratio: float
     preemptions: int
     replica_seconds: float
+    tiered_hit_ratio: float = 0.0
+    """Prompt tokens found in either tier over those looked up: the GPU's hits and the host tier's loads."""
 
     def good_share(
         self,
@@ -266,6 +268,7 @@ def play(
         outcome.refused = True
     assert ledger.totals() == ReplicaLoad(), "every reservation released"
     hits = sum(r.engine.stats.prefix_cache_hits_tokens for r in fleet)
+    host_hits = sum(r.engine.stats.cached_tokens_by_source["host"] for r in fleet)
     queries = sum(r.engine.stats.prefix_cache_queries_tokens for r in fleet)
     last_s = max((o.last_token_s or 0.0 for o in outcomes), default=0.0)
     return LabResult(
@@ -274,6 +277,7 @@ def play(
         hits / queries if queries else 0.0,
         sum(r.engine.stats.num_preemptions for r in fleet),
         replicas * last_s,
+        (hits + host_hits) / queries if queries else 0.0,
     )
 
 

@@ -21,7 +21,7 @@ def print_results(
     classes = sorted({o.request.class_name for o in results[0].outcomes})
     print(
         f"{'policy':<16} {'good %':>7} {'refused':>7} {'ttft p50':>9} {'ttft p95':>9} {'itl p95 ms':>10} "
-        f"{'hit':>6} {'preempt':>7}  " + " ".join(f"{c[:10]:>10}" for c in classes)
+        f"{'hit':>6} {'+host':>6} {'preempt':>7}  " + " ".join(f"{c[:10]:>10}" for c in classes)
     )
     for result in results:
         served = [o for o in result.outcomes if not o.refused]
@@ -36,7 +36,8 @@ def print_results(
         print(
             f"{result.policy:<16} {100 * good:>6.1f}% "
             f"{len(result.outcomes) - len(served):>7} {p50 or 0:>9.3f} {p95 or 0:>9.3f} "
-            f"{1000 * (itl95 or 0):>10.1f} {result.hit_ratio:>6.3f} {result.preemptions:>7}  {per_class}"
+            f"{1000 * (itl95 or 0):>10.1f} {result.hit_ratio:>6.3f} "
+            f"{result.tiered_hit_ratio:>6.3f} {result.preemptions:>7}  {per_class}"
         )
     print("sequence slot-seconds of the served requests (prefill: routed to first token; decode: the rest)")
     for result in results:

@@ -27,8 +27,10 @@ from kvgate.config.routing import RoutingConfig
 from kvgate.sim.profile import resolve_profile
 
 
-def lab(shape: str, rate: float, settings: Mapping[str, Any], **options: Any) -> LabResult:
-    requests = replay_requests(shaped(shape, rate, 90.0, 0))
+def lab(
+    shape: str, rate: float, settings: Mapping[str, Any], duration_s: float = 90.0, **options: Any
+) -> LabResult:
+    requests = replay_requests(shaped(shape, rate, duration_s, 0))
     profile = resolve_profile(overrides={"warmup_s": 0, **options.pop("profile", {})})
     config = RoutingConfig.model_validate({"warmup_s": 0, **settings})
     return play(requests, config, profile, 4, admission=True, max_queue_wait_s=2.0, **options)
@@ -80,3 +82,41 @@ def test_a_replica_busy_decoding_draws_new_agents_less_than_an_idle_one() -> Non
     assert good(kvgate) > 0.95
     assert good(kvgate) > good(without) + 0.2
     assert kvgate.hit_ratio >= 0.98 * without.hit_ratio
+
+
+@pytest.mark.parametrize(("shape", "rate"), [("chat-fleet", 4.5), ("rag", 10.0)])
+def test_events_and_the_routed_index_make_the_same_decisions_when_nothing_is_evicted(
+    shape: str, rate: float
+) -> None:
+    """With caches too large to evict anything, what kvgate routed where is exactly what the
+    replicas hold, so reading their events instead must not move a single request."""
+    requests = replay_requests(shaped(shape, rate, 30.0, 0))
+    profile = resolve_profile(overrides={"warmup_s": 0, "kv_capacity_tokens": 20_000_000})
+    config = RoutingConfig.model_validate({"warmup_s": 0, "prefix_index_capacity_blocks": 2_000_000})
+    routed = play(requests, config, profile, 4, admission=True, max_queue_wait_s=2.0)
+    followed = play(requests, config, profile, 4, admission=True, max_queue_wait_s=2.0, kv_events=True)
+    placements = [(o.replica, o.routed_s) for o in routed.outcomes]
+    assert len({replica for replica, _ in placements}) == 4
+    assert [(o.replica, o.routed_s) for o in followed.outcomes] == placements
+    assert followed.hit_ratio == routed.hit_ratio > 0
+
+
+def test_the_replica_holding_a_document_keeps_its_readers_within_the_ttft_tolerance() -> None:
+    """Users asking about the same documents: without a tolerance every request chases the least
+    backlog and documents are prefilled and cached again on replicas that did not hold them."""
+    kvgate = lab("rag", 10.0, {}, duration_s=45.0)
+    least_work = lab("rag", 10.0, {"ttft_tolerance_s": 0}, duration_s=45.0)
+    assert kvgate.hit_ratio > least_work.hit_ratio + 0.02
+    assert good(kvgate) >= good(least_work) - 0.005
+
+
+def test_a_host_tier_hit_is_credited_by_the_prefill_it_saves() -> None:
+    """Conversations return after the GPU caches turned over; their earlier turns are still in the
+    replicas' host tier, which the events tell apart. Credited by what loading saves over computing,
+    those replicas keep their conversations; credited nothing, the turns go where the GPU is idle."""
+    host_tier = {"cpu_offload_tokens": 4_500_000}
+    credited = lab("chat-fleet", 4.5, {}, profile=host_tier, kv_events=True)
+    uncredited = lab("chat-fleet", 4.5, {"host_tier_bytes_per_s": 1}, profile=host_tier, kv_events=True)
+    assert credited.tiered_hit_ratio > uncredited.tiered_hit_ratio + 0.005
+    assert ttft(credited, 0.95) < 0.9 * ttft(uncredited, 0.95)
+    assert good(credited) >= good(uncredited) - 0.01
