@@ -11,7 +11,7 @@ import bench.routing_lab as package
 from bench.harness.cli import benchmark_parser, recorded
 from bench.routing_lab.replay import lab_requests, play
 from bench.routing_lab.replays import Replay, from_file, replay_requests, shaped
-from bench.routing_lab.table import print_results
+from bench.routing_lab.table import print_markdown, print_results
 from bench.routing_lab.traces import TRACES
 from bench.traces.shapes import SHAPES
 from kvgate.config.routing import RoutingConfig
@@ -45,6 +45,9 @@ def parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--kv-events", action="store_true", help="the engines' KV cache events feed the router's index"
+    )
+    parser.add_argument(
+        "--markdown", action="store_true", help="also print the rows as the documents' tables show them"
     )
     return parser
 
@@ -80,10 +83,14 @@ def main(argv: list[str] | None = None) -> int:
                 trace.replicas,
                 admission=args.admission == "on",
                 max_queue_wait_s=args.max_wait_s,
+                kv_events=args.kv_events,
             )
             for name in args.policies.split(",")
         ]
         print_results(results, trace.slo_ttft_s, trace.slo_itl_s)
+        if args.markdown:
+            admission = args.admission == "on"
+            print_markdown(results, trace.name, admission, args.kv_events, trace.slo_ttft_s, trace.slo_itl_s)
     return 0
 
 
@@ -131,6 +138,16 @@ def _replay(args: argparse.Namespace) -> int:
             for name in args.policies.split(",")
         ]
         print_results(results, replay.slo_ttft_s, replay.slo_itl_s, replay.slo_ttft_per_prompt_token_s)
+        if args.markdown:
+            print_markdown(
+                results,
+                replay.name,
+                args.admission == "on",
+                args.kv_events,
+                replay.slo_ttft_s,
+                replay.slo_itl_s,
+                replay.slo_ttft_per_prompt_token_s,
+            )
     return 0
 
 

@@ -49,6 +49,44 @@ def print_results(
         )
 
 
+MARKDOWN_HEADER = (
+    "| trace | admission | cache facts | policy | good % | refused | TTFT p50 / p95 | ITL p95 | prefix hit "
+    "| +host | preemptions |"
+)
+
+
+def print_markdown(
+    results: Sequence[LabResult],
+    trace: str,
+    admission: bool,
+    kv_events: bool,
+    ttft_slo: float,
+    itl_slo: float,
+    ttft_per_prompt_token_s: float = 0.0,
+) -> None:
+    """The rows as the documents' tables show them, so ``make docs-check`` can compare them."""
+    print(MARKDOWN_HEADER)
+    print("|" + "---|" * MARKDOWN_HEADER.count(" |"))
+    facts = "events" if kv_events else "routed"
+    for result in results:
+        served = [o for o in result.outcomes if not o.refused]
+        ttft = [o.ttft_s for o in served if o.ttft_s is not None]
+        itl = [o.mean_itl_s for o in served if o.mean_itl_s is not None]
+        p50, p95, itl95 = percentile(ttft, 0.5), percentile(ttft, 0.95), percentile(itl, 0.95)
+        good = result.good_share(ttft_slo, itl_slo, None, ttft_per_prompt_token_s)
+        print(
+            f"| {trace} | {'on' if admission else 'off'} | {facts} | {result.policy} | {100 * good:.1f} % "
+            f"| {len(result.outcomes) - len(served)} | {_seconds(p50)} / {_seconds(p95)} "
+            f"| {1000 * (itl95 or 0):.1f} ms | {result.hit_ratio:.3f} | {result.tiered_hit_ratio:.3f} "
+            f"| {result.preemptions} |"
+        )
+
+
+def _seconds(value: float | None) -> str:
+    value = value or 0.0
+    return f"{1000 * value:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
 def slot_seconds(result: LabResult) -> tuple[float, float]:
     """Sequence-slot time the served requests held in prefill and in decode.
 

@@ -89,3 +89,15 @@ def test_the_command_line_prints_a_row_per_policy_and_the_slot_seconds(tmp_path:
     )
     assert [line.split()[0] for line in printed[2:4]] == ["kvgate", "round_robin"]
     assert [line.split()[:2] for line in printed[5:7]] == [["kvgate", "prefill"], ["round_robin", "prefill"]]
+
+
+def test_the_markdown_rows_are_the_documents_table(tmp_path: Path) -> None:
+    args = ["--trace", "overload", "--duration-s", "4", "--policies", "kvgate,round_robin", "--markdown"]
+    assert main([*args, "--out", str(tmp_path)]) == 0
+    rows = [line for line in (tmp_path / "output.txt").read_text().splitlines() if line.startswith("|")]
+    assert rows[0].startswith("| trace | admission | cache facts | policy | good % |")
+    assert [row.split(" | ")[:4] for row in rows[2:]] == [
+        ["| overload", "on", "routed", "kvgate"],
+        ["| overload", "on", "routed", "round_robin"],
+    ]
+    assert all(row.count("|") == rows[0].count("|") for row in rows)
