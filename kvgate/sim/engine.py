@@ -249,7 +249,11 @@ class Engine:
             self.abort(request)
 
     def step(self, now_s: float) -> StepResult:
-        """Schedule and run one batch starting at ``now_s``; the engine's state moves to its end."""
+        """Schedule and run one batch starting at ``now_s``; the engine's state moves to its end.
+
+        A step that schedules nothing while ``has_work`` is waiting on a host-tier load: the caller
+        steps again at ``next_load_done_s`` (or sooner, when a request arrives), else that request
+        is never run."""
         profile = self.profile
         block_size = profile.block_size_tokens
         budget = profile.max_num_batched_tokens
