@@ -60,3 +60,9 @@ uncompile:
 
 clean: uncompile
 	rm -rf $(VENV) *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# The deterministic tables in docs/ (marked check="rerun", tests/bench/docs_tables.py) printed again
+# by their commands and compared row for row; a timed benchmark's table says when it was measured.
+.PHONY: docs-check
+docs-check: $(STAMP)
+	$(PY) -m tests.bench.docs_tables

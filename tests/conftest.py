@@ -24,6 +24,17 @@ def _answers(host: str, port: int) -> bool:
         return False
 
 
+def redis_server_binary(why: str) -> str:
+    """The ``redis-server`` to start; without one the test skips, or fails under
+    ``KVGATE_REQUIRE_REDIS=1`` (CI), so a missing binary never hides Redis tests there."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("KVGATE_REQUIRE_REDIS") == "1":
+            pytest.fail(f"{why} and no redis-server to start (KVGATE_REQUIRE_REDIS=1)")
+        pytest.skip(f"{why} and no redis-server to start")
+    return binary
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """``REDIS_URL`` if set, else the local server on 6379 if it answers, else a private
@@ -34,11 +45,7 @@ def redis_url() -> Iterator[str]:
     if _answers("127.0.0.1", 6379):
         yield "redis://127.0.0.1:6379/0"
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("KVGATE_REQUIRE_REDIS") == "1":
-            pytest.fail("no Redis reachable and no redis-server to start (KVGATE_REQUIRE_REDIS=1)")
-        pytest.skip("no Redis reachable and no redis-server to start")
+    binary = redis_server_binary("no Redis reachable")
     port = free_ports()
     with tempfile.TemporaryDirectory() as workdir:
         proc = subprocess.Popen(

@@ -154,8 +154,9 @@ async def test_a_queued_client_that_leaves_is_dropped_from_the_queue_at_once() -
             waiter = asyncio.create_task(http.post("/v1/completions", json=completion()))
             assert await eventually(lambda: gw.state.queued == 1)
             waiter.cancel()
-            assert await eventually(lambda: gw.state.queued == 0, timeout_s=0.5)
+            assert await eventually(lambda: gw.state.queued == 0)
             assert gw.gateway.path.dispatcher.controller.queue_stats(0.0).requests == 0
+            # At once: while the holders still run, not when capacity frees and it would dispatch.
             assert gw.state.ledger.totals().resident_sequences == 7, "the holders are still running"
             answers = await asyncio.gather(*holders)
             assert all(a.status_code == 200 for a in answers)

@@ -3,8 +3,9 @@
 (``fail_mode: open``) or refuses new requests with a 503 until it sees the other gateways again
 (``fail_mode: closed``). Garbage under the namespace is skipped entry by entry and counted.
 
-Stopping, restarting and password-protecting Redis use a private ``redis-server`` per test; the
-shared one is never touched."""
+Stopping, pausing (SIGSTOP: connections accepted, nothing answered), restarting and
+password-protecting Redis use a private ``redis-server`` per test; the shared one is never touched.
+Without a ``redis-server`` binary these tests skip, or fail under ``KVGATE_REQUIRE_REDIS=1``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import re
-import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -30,6 +31,7 @@ from kvgate.gateway.state import GatewayState
 from kvgate.sim.fleet import SimFleet
 from kvgate.sim.ports import free_ports
 from kvgate.vocabulary.replica import ReplicaLoad
+from tests.conftest import redis_server_binary
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 FAST_SYNC = {"interval_s": 0.05, "lease_s": 1.0}
@@ -40,10 +42,7 @@ class PrivateRedis:
     """A ``redis-server`` of this test's own on a fixed free port, which it can stop and restart."""
 
     def __init__(self, workdir: str, password: str | None = None) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.skip("no redis-server to start")
-        self.binary = binary
+        self.binary = redis_server_binary("this test stops its own Redis")
         self.workdir = workdir
         self.password = password
         self.port = free_ports()
@@ -80,8 +79,18 @@ class PrivateRedis:
             await asyncio.sleep(0.02)
         pytest.fail(f"redis-server did not start on port {self.port}")
 
+    def pause(self) -> None:
+        """SIGSTOP: the port still accepts connections, nothing answers (a hung Redis)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
     async def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a paused server would hold SIGTERM pending
             self.proc.terminate()
             await asyncio.to_thread(self.proc.wait, 10)
         self.proc = None
@@ -315,4 +324,63 @@ async def test_fail_closed_holds_the_queue_while_blind_and_dispatches_when_redis
             answer = await waiter
             assert answer.status_code == 200, answer.text
             assert answer.json()["usage"]["completion_tokens"] == 1000
+            await assert_idle(gw)
+
+
+@pytest.mark.parametrize(("required", "outcome"), [("1", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_private_redis_without_its_binary_fails_where_redis_is_required(
+    required: str, outcome: type[BaseException], monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("KVGATE_REQUIRE_REDIS", required)
+    with pytest.raises(outcome, match="no redis-server"):
+        PrivateRedis(str(tmp_path))
+
+
+@pytest.mark.parametrize("fail_mode", ["open", "closed"])
+async def test_a_hung_redis_is_seen_as_down_then_up_again(
+    fail_mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A paused Redis accepts connections and answers nothing: the sync's socket timeout is what
+    notices, requests never wait on it, and fail_mode decides what they get meanwhile."""
+    caplog.set_level(logging.INFO, logger="kvgate.coordination")
+    async with private_redis() as server, SimFleet(replicas=1, time_scale=0.0, seed=0) as fleet:
+        config = config_for(fleet, server.url(), "kvgate", fail_mode, lease_s=3.0)
+        async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+            coordinator = gw.gateway.coordinator
+            assert coordinator is not None
+            assert await eventually(lambda: coordinator.connected and fleet.urls[0] in coordinator.book.held)
+            assert (await http.post(gw.url + "/v1/completions", json=REQUEST)).status_code == 200
+
+            server.pause()
+            try:
+                assert await eventually(lambda: not coordinator.connected)
+                text = await scrape(http, gw)
+                assert metric(text, "kvgate_coordination_up") == 0.0
+                timeouts = metric(text, "kvgate_coordination_errors_total", kind="timeout")
+                assert timeouts is not None and timeouts >= 1, text
+                assert any("down (timeout" in line for line in coordination_logs(caplog))
+                answer = await http.post(gw.url + "/v1/completions", json=REQUEST)
+                ready = await http.get(gw.url + "/readyz")
+                if fail_mode == "closed":
+                    assert_refused_for_coordination(answer)
+                    assert ready.status_code == 503 and ready.json()["reason"] == "coordination_unavailable"
+                else:
+                    assert answer.status_code == 200, answer.text
+                    assert ready.status_code == 200
+                assert server.proc is not None and server.proc.poll() is None, (
+                    "answered with Redis still paused"
+                )
+                await assert_idle(gw)
+            finally:
+                server.resume()
+
+            assert await eventually(lambda: coordinator.connected)
+            assert metric(await scrape(http, gw), "kvgate_coordination_up") == 1.0
+            said = [r.getMessage() for r in caplog.records if r.name == "kvgate.coordination"]
+            down = next(i for i, line in enumerate(said) if line.startswith("coordination down"))
+            assert any(line.startswith("coordination up") for line in said[down:]), said
+            answer = await http.post(gw.url + "/v1/completions", json=REQUEST)
+            assert answer.status_code == 200, answer.text
+            assert (await http.get(gw.url + "/readyz")).status_code == 200
             await assert_idle(gw)

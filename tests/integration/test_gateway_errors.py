@@ -7,14 +7,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
-import pytest
 from aiohttp import web
 
 from kvgate.gateway.edge.server import running_gateway
-from kvgate.gateway.request_path import proxy
 from kvgate.sim.fleet import SimFleet
 from kvgate.sim.ports import free_ports
-from tests.compiled import compiled
 from tests.integration.conftest import MODEL, assert_idle, eventually, gateway_config
 
 
@@ -223,24 +220,30 @@ async def test_replica_5xx_becomes_a_gateway_error() -> None:
             await assert_idle(gw)
 
 
-@pytest.mark.skipif(compiled(proxy), reason="a compiled Proxy refuses a relay put in its place")
 async def test_a_bug_behind_the_edge_is_an_openai_shaped_500_and_leaks_nothing(
     fleet: SimFleet, monkeypatch: Any
 ) -> None:
-    """A fault injected after the reservation is taken (the relay raising): the client gets an
-    OpenAI-shaped 500, not uvicorn's plain text, and the reservation is released."""
-    async with running_gateway(gateway_config(fleet.urls)) as gw:
-        proxy = gw.gateway._proxy
-        assert proxy is not None
+    """A fault injected after the reservation is taken (the tracing hook of an upstream attempt
+    raising, as a bug there would): the client gets an OpenAI-shaped 500, not uvicorn's plain
+    text, and the reservation is released. Tracing is the one object on that path the compiled
+    build leaves interpreted, so the fault goes in the same way on both builds."""
+    config = gateway_config(fleet.urls, tracing={"enabled": True, "exporter": "none"})
+    async with running_gateway(config) as gw:
+        tracing = gw.gateway.tracing
+        assert tracing is not None
 
-        async def broken_relay(*_: Any) -> None:
+        reserved: list[int] = []
+
+        def broken_upstream(*_: Any) -> None:
+            reserved.append(gw.state.ledger.totals().resident_sequences)
             raise RuntimeError("a bug")
 
-        monkeypatch.setattr(proxy, "_relay", broken_relay)
+        monkeypatch.setattr(tracing, "upstream", broken_upstream)
         async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
             answer = await http.post(
                 "/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 4}
             )
         assert answer.status_code == 500
         assert answer.json()["error"]["type"] == "InternalServerError"
+        assert reserved == [1], "the fault came after the reservation was taken"
         await assert_idle(gw)

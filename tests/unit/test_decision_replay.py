@@ -2,13 +2,16 @@
 ``/metrics`` and ``/signals``.
 
 The trace exercises every branch a request can take between parse and release: admitted at once,
-queued then dispatched, queued past its deadline, refused for KV, for the queue, for a tenant's
-budget, for the model's TTFT objective, invalid, unauthorised, a replica failing before the first
-byte (retried), a client leaving while queued, a replica ejected and back, a refused client retrying
-with ``x-stainless-retry-count``.
+queued then dispatched, queued past its deadline, refused for KV, for a full queue, for a tenant's
+budget, for the model's TTFT objective, for the client's deadline, for no replica (the whole fleet
+stops answering for a while), invalid, unauthorised, a replica failing before the first byte
+(retried), a client leaving while queued, a replica ejected and back, a refused client retrying with
+``x-stainless-retry-count``. ``REFUSALS`` names the refusal reasons the recording must hold, so a
+trace or behaviour change that drops a whole branch fails here rather than re-recording quietly.
 The recording (``golden/decision_replay.json``) is the behaviour contract of the decision path: a
 restructuring that changes any outcome, label or sample shows up here. Regenerate it only for a
-deliberate behaviour change, named in the commit (``KVGATE_REPLAY_RECORD=1``).
+deliberate behaviour change, named in the commit (``KVGATE_REPLAY_RECORD=1``: the run writes the
+file and fails, saying so; the next run without it compares).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from kvgate.admission.decision import Refusal
 from kvgate.config.loader import parse_config
@@ -107,10 +111,10 @@ def config() -> Any:
                 "auth_enabled": True,
                 "tenants": [
                     {"name": "chat", "api_keys": ["sk-chat"], "weight": 2},
-                    {"name": "batch", "api_keys": ["sk-batch"], "tokens_per_min": 40000},
+                    {"name": "batch", "api_keys": ["sk-batch"], "tokens_per_min": 20000},
                 ],
                 "max_active_sequences_per_replica": 6,
-                "queue_max_requests": 24,
+                "queue_max_requests": 4,
                 "max_queue_wait_s": 4.0,
                 "models": {"m": {"ttft_slo_s": 4.5}},
             },
@@ -305,12 +309,18 @@ async def run_replay(plans: list[Planned]) -> dict[str, Any]:
     replay.at(1000.0 + plans[40].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
     replay.at(1000.0 + plans[41].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
     replay.at(1000.0 + plans[42].at_s, lambda: path.fleet.observe(replay.state.replicas[REPLICAS[2]], None))
+    for replica_url in REPLICAS:  # the whole fleet stops answering for a while: no replica serves
+        for index in (200, 201):
+            replay.at(
+                1000.0 + plans[index].at_s,
+                lambda url=replica_url: path.fleet.observe(replay.state.replicas[url], None),
+            )
     probe_s = 1000.0 + plans[42].at_s
     while probe_s < end_s:  # the replica's active probes succeed once it is back: they bring it back
         probe_s += 1.0
-        replay.at(
-            probe_s, lambda: path.fleet.observe_outcome(replay.state.replicas[REPLICAS[2]], Outcome.SUCCESS)
-        )
+        for replica_url in REPLICAS[2:] if probe_s < 1000.0 + plans[205].at_s else REPLICAS:
+            back = replay.state.replicas[replica_url]
+            replay.at(probe_s, lambda back=back: path.fleet.observe_outcome(back, Outcome.SUCCESS))
     samples: dict[str, Any] = {}
     while replay.events:
         time_s, _, action = heapq.heappop(replay.events)
@@ -347,14 +357,33 @@ def normalised(doc: Any) -> Any:
     return json.loads(json.dumps(doc))
 
 
+REFUSALS = {
+    "queue_full",
+    "tenant_budget",
+    "no_replica",
+    "ttft_slo",
+    "deadline",
+    "kv_capacity",
+    "invalid_request",
+    "unauthorized",
+}
+"""Every refusal the trace must provoke: comparing outcome kinds alone let whole branches drop out."""
+
+
 def test_the_decision_path_replays_the_recorded_trace_exactly() -> None:
     result = normalised(asyncio.run(run_replay(trace())))
     assert result["ledger_empty"], "every reservation released at the end of the trace"
-    kinds = {o[3] if isinstance(o[1], int) else o[1] for o in result["outcomes"]}
+    decisions = [o for o in result["outcomes"] if isinstance(o[1], int)]
+    kinds = {o[3] for o in decisions} | {o[1] for o in result["outcomes"] if not isinstance(o[1], int)}
     assert {"route", "refuse", "retry", "left", "done"} <= kinds, kinds
+    assert any(o[3] == "route" and o[2] > 0 for o in decisions), "some request was queued, then routed"
+    assert any(o[3] == "route" and o[2] == 0 for o in decisions), "some request was admitted at once"
+    reasons = {o[5] for o in decisions if o[3] == "refuse"}
+    assert reasons >= REFUSALS, f"the trace no longer provokes {sorted(REFUSALS - reasons)}"
     if os.environ.get("KVGATE_REPLAY_RECORD"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        pytest.fail(f"recorded {GOLDEN.name}; run again without KVGATE_REPLAY_RECORD to compare against it")
     expected = json.loads(GOLDEN.read_text())
     for key in ("outcomes", "metrics", "signals", "mid_burst", "mid_burst_signals"):
         assert result[key] == expected[key], f"{key} differs from the recorded replay"

