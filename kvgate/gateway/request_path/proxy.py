@@ -81,7 +81,6 @@ class Proxy:
         self._clock = path.clock
         self._pricer = path.pricer
         self._dispatcher = path.dispatcher
-        self._accounting = path.accounting
         self._metrics = path.metrics
         self._relay = Relay(
             client,
@@ -191,7 +190,6 @@ class Proxy:
         finally:
             state.served += 1
             self._dispatcher.release(request)
-            self._accounting.closed(request, route.replica)
 
     def _done(self, request: ProxyRequest) -> None:
         """Record the finished request, once: its spans and its access-log line."""
