@@ -62,11 +62,12 @@ def _decision_types() -> tuple[type[Route], type[Uncounted]]:
 
 
 def _answered(path: DecisionPath, request: ProxyRequest, route: Route) -> None:
-    """The rest of a 200 answer's life: first token, usage, finished, released."""
+    """The rest of a 200 answer's life: first token, usage, finished, closed, released."""
     now_s = path.clock()
     path.accounting.first_token(request, route.replica, now_s)
     request.prompt_tokens, request.completion_tokens = 8, CHUNKS
     path.accounting.finished(request, route.replica, None, now_s)
+    path.accounting.closed(request, route.replica)
     path.dispatcher.release(request)
 
 

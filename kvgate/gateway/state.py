@@ -120,6 +120,9 @@ class ProxyRequest:
     cached_tokens: int | None = None
     """Prompt tokens the replica says it served from cache (``usage.prompt_tokens_details``; vLLM
     reports them when started with ``--enable-prompt-tokens-details``)."""
+    ttft_s: float | None = None
+    """A non-streamed response's time to first token, until the metrics hear it (with the rest of
+    the response's measurements, or at release when sending it to the client failed)."""
     started_s: float = 0.0
     """When the gateway began reading the request (monotonic seconds): where its access-log
     duration and its trace start."""

@@ -55,7 +55,7 @@ def routed(
 
 
 def test_a_long_prompt_first_token_teaches_the_prefill_rate() -> None:
-    path, request, route, clock, _ = routed(words=4000, stream=True)
+    path, request, route, clock, _ = routed(words=4000)
     controller = path.dispatcher.controller
     assert controller.rates.prefill_tokens_per_s == 8000.0, "the configured default until observed"
     assert request.admission is not None
@@ -67,7 +67,7 @@ def test_a_long_prompt_first_token_teaches_the_prefill_rate() -> None:
 
 
 def test_a_short_prompt_says_nothing_about_prefill_speed() -> None:
-    path, request, route, clock, _ = routed(words=20, stream=True)
+    path, request, route, clock, _ = routed(words=20)
     clock.now_s += 0.5
     path.accounting.first_token(request, route.replica, clock())
     assert path.dispatcher.controller.rates.prefill_tokens_per_s == 8000.0

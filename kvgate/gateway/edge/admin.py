@@ -31,8 +31,16 @@ from starlette.exceptions import HTTPException
 from kvgate.admission.tenants import bearer_key
 from kvgate.config.pools import Pool
 from kvgate.config.urls import replica_base_url
-from kvgate.gateway.edge.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized
+from kvgate.gateway.edge.errors import (
+    BadRequest,
+    GatewayError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    Unauthorized,
+)
 from kvgate.gateway.replicas.scrape import scraped_capacity_tokens
+from kvgate.gateway.request_path.surface import SERVED
 from kvgate.gateway.state import GatewayState, ReplicaState
 from kvgate.vocabulary.clock import Clock
 
@@ -99,6 +107,22 @@ def build_admin_app(
                 }
                 for model in state.models.values()
             ],
+        }
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> dict[str, object]:
+        if not client_allowed(bearer_key(request.headers.get("authorization"))):
+            raise Unauthorized("Incorrect API key provided.", reason="unauthorized")
+        model = state.models.get(model_id)
+        if model is None:
+            raise ModelNotFound(model_id)
+        return {
+            "id": model.name,
+            "object": "model",
+            "created": created_s,
+            "owned_by": "kvgate",
+            "root": model.name,
+            "max_model_len": model.max_model_len,
         }
 
     @app.get("/healthz")
@@ -184,7 +208,8 @@ def build_admin_app(
     async def http_error(request: Request, exc: HTTPException) -> Response:
         error: GatewayError
         if exc.status_code == 404:
-            error = NotFound(f"no route for {request.method} {request.url.path}")
+            served = ", ".join(SERVED)
+            error = NotFound(f"no route for {request.method} {request.url.path}; this server serves {served}")
         elif exc.status_code == 405:
             error = MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
         else:

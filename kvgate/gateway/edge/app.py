@@ -1,8 +1,9 @@
 """The gateway as one ASGI application: a raw dispatcher in front of the proxy and the admin app.
 
-The two completion routes go straight to ``Proxy.handle`` and ``GET /signals`` to the metrics'
-JSON document; every other path goes to FastAPI. The observability routes pass the
-``ObservabilityGuard`` first when ``auth.protect_observability`` (unset:
+The proxied routes (``kvgate.gateway.request_path.surface.PROXIED``: the completion routes,
+responses, embeddings, pooling, score, rerank, tokenize) go straight to ``Proxy.handle`` and
+``GET /signals`` to the metrics' JSON document; every other path goes to FastAPI. The observability
+routes pass the ``ObservabilityGuard`` first when ``auth.protect_observability`` (unset:
 ``auth.enabled``) says so. The dispatcher also owns the lifespan: the completion routes'
 replica client, the aiohttp session of every other upstream call, the first
 health probe and ``/metrics`` scrape round (so readiness is known before the first request) and
@@ -41,6 +42,7 @@ from kvgate.gateway.replicas.upstream import create_session
 from kvgate.gateway.request_path.decision_path import DecisionPath
 from kvgate.gateway.request_path.forwarding import request_id_of
 from kvgate.gateway.request_path.proxy import Proxy, send_error, shutting_down
+from kvgate.gateway.request_path.surface import PROXIED
 from kvgate.gateway.state import GatewayState
 from kvgate.gateway.telemetry.access_log import AccessLog
 from kvgate.gateway.telemetry.fleet_work import FleetWork
@@ -52,7 +54,8 @@ from kvgate.vocabulary.clock import Clock
 if TYPE_CHECKING:
     from kvgate.gateway.telemetry.tracing import Tracing
 
-COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+COMPLETION_PATHS = PROXIED
+"""The proxied routes (completions, responses, embeddings, pooling, score, rerank, tokenize)."""
 SIGNALS_PATH = "/signals"
 
 

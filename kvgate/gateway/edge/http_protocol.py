@@ -67,6 +67,7 @@ from kvgate.gateway.edge.errors import (
     ServiceUnavailable,
 )
 from kvgate.gateway.edge.request_edge import REQUEST_EDGE, RequestEdge
+from kvgate.gateway.request_path.surface import PROXIED
 
 logger = logging.getLogger("kvgate.edge")
 
@@ -80,8 +81,8 @@ _BODY = 2
 _REFUSED = 3
 
 
-HOT_PATHS = {b"/v1/chat/completions": "/v1/chat/completions", b"/v1/completions": "/v1/completions"}
-"""Raw request targets served by the hot route, and the path each is."""
+HOT_PATHS = {path.encode(): path for path in PROXIED}
+"""Raw request targets served by the hot route (every proxied route), and the path each is."""
 HotRoute = Callable[[], ASGIApp | None]
 """What serves a hot path's ``POST`` now, or None when the application's own dispatch must (it is
 starting, or refusing new requests in a drain)."""

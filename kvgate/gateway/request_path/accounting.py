@@ -10,12 +10,13 @@ against a TTFT objective run on them, not on constants), how prompt counts and o
 compare with its estimates and, with an ITL objective, each replica's latency against the
 sequences it ran (``kvgate.admission.itl_guard``: the sequences resident there are sampled at a stream's
 first token, at each produced report and at its end), and the metrics every latency once.
-A whole (non-streamed) response arrives at once, so its "first token" is its generation's end:
-it releases the ledger's prefill but teaches nothing about time to first token: neither the TTFT
-metrics, nor the replica's TTFT average (a replica slower than its peers is cold), nor the prefill
-rate hear it, which would otherwise learn a whole generation as a prefill. A disaggregated
-request's time to first token and prompt tokens are its prefill pool's (the phase that decides
-them), its inter-token latency and output tokens its decode pool's.
+A whole (non-streamed) response from a replica arrives when its generation has ended, so the relay
+reports it with ``answered_whole``, not ``first_token``: it releases the ledger's prefill and dates
+the answer for the access log, but teaches nothing about time to first token (neither the TTFT
+metrics, the replica's TTFT average nor the prefill rate would learn a whole generation as a
+prefill). ``closed`` records a whole response's TTFT that never reached the metrics because sending it to
+the client failed. A disaggregated request's time to first token and prompt tokens are its prefill
+pool's (the phase that decides them), its inter-token latency and output tokens its decode pool's.
 """
 
 from __future__ import annotations
@@ -45,26 +46,30 @@ class Accounting:
 
     def first_token(self, request: ProxyRequest, replica: ReplicaState, now_s: float) -> None:
         """The first token reached the client. A stream's TTFT is recorded now, so the ``/signals``
-        window does not lag by the whole generation; a whole response's arrival is no first token
-        to learn from (only the ledger's prefill ends)."""
+        window does not lag by the whole generation; a whole response's goes with its other
+        measurements in ``finished`` (one metrics call)."""
         self._ledger.first_token(request.request_id)
         request.first_token_s = now_s
-        if not request.stream:
-            return
         ttft_s = now_s - request.arrived_s
-        prefill = request.prefill_replica
-        if prefill is None:
-            self._metrics.observe_ttft(replica.pool, request.model, ttft_s)
-            self._fleet.observe_ttft(replica, ttft_s)
+        if request.stream:
+            pool = replica.pool if request.prefill_replica is None else request.prefill_replica.pool
+            self._metrics.observe_ttft(pool, request.model, ttft_s)
         else:
-            self._metrics.observe_ttft(prefill.pool, request.model, ttft_s)
-        if self._itl_guard is not None:
+            request.ttft_s = ttft_s
+        if request.prefill_replica is None:
+            self._fleet.observe_ttft(replica, ttft_s)
+        if self._itl_guard is not None and request.stream:
             self._sample_resident(request, replica.replica_id)
         if request.admission is not None:
             controller = self._controller
             served_s = ttft_s - (request.queue_wait_s or 0.0)
             prompt_tokens = request.admission.cost.prompt_tokens
             controller.observe_rates(with_first_token(controller.rates, prompt_tokens, served_s))
+
+    def answered_whole(self, request: ProxyRequest, now_s: float) -> None:
+        """A whole response arrived: its prefill is over, but its arrival is no first token."""
+        self._ledger.first_token(request.request_id)
+        request.first_token_s = now_s
 
     def produced(self, request: ProxyRequest, tokens: int) -> None:
         self._ledger.produced(request.request_id, tokens)
@@ -108,18 +113,28 @@ class Accounting:
             estimated = admission.cost.prompt_tokens
             controller.calibration.observe_prompt(request.model, estimated, prompt_tokens)
             controller.calibration.observe_output(request.model, output_tokens)
+        ttft_s, request.ttft_s = request.ttft_s, None
         counted = prompt_tokens if admission is not None else None
         prefill = request.prefill_replica
-        if prefill is not None and counted is not None:
-            self._metrics.record_prefill(prefill.pool, request.model, counted, estimated)
-            counted, estimated = 0, None
+        if prefill is not None:
+            if ttft_s is not None:
+                self._metrics.observe_ttft(prefill.pool, request.model, ttft_s)
+                ttft_s = None
+            if counted is not None:
+                self._metrics.record_prefill(prefill.pool, request.model, counted, estimated)
+                counted, estimated = 0, None
         self._metrics.record_response(
             replica.pool,
             request.model,
-            None,
+            ttft_s,
             now_s - request.arrived_s,
             itl_gaps_s,
             counted,
             output_tokens,
             estimated,
         )
+
+    def closed(self, request: ProxyRequest, replica: ReplicaState) -> None:
+        """The request is over: a whole response's TTFT not yet recorded (sending it failed) is."""
+        if request.ttft_s is not None:
+            self._metrics.observe_ttft(replica.pool, request.model, request.ttft_s)

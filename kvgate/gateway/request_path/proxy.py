@@ -1,4 +1,5 @@
-"""The hot path: ``POST /v1/chat/completions`` and ``POST /v1/completions`` as raw ASGI.
+"""The hot path: ``POST /v1/chat/completions``, ``POST /v1/completions`` and every other route of
+``kvgate.gateway.request_path.surface.PROXIED`` as raw ASGI.
 
 ``Proxy._serve`` is the request's life, read top to bottom, each step a call into its owner:
 parse (here) → price (``Pricer``) → admit and route (``Dispatcher``, which may queue it) → proxy
@@ -53,6 +54,7 @@ from kvgate.gateway.request_path.forwarding import (
 from kvgate.gateway.request_path.handoff import Handoff
 from kvgate.gateway.request_path.pricing import Uncounted
 from kvgate.gateway.request_path.relay import Relay
+from kvgate.gateway.request_path.surface import USAGE_INJECTED
 from kvgate.gateway.state import GatewayState, ProxyRequest
 from kvgate.vocabulary.replica import Role
 
@@ -82,6 +84,7 @@ class Proxy:
         self._pricer = path.pricer
         self._dispatcher = path.dispatcher
         self._metrics = path.metrics
+        self._accounting = path.accounting
         self._relay = Relay(
             client,
             path.fleet,
@@ -190,6 +193,7 @@ class Proxy:
         finally:
             state.served += 1
             self._dispatcher.release(request)
+            self._accounting.closed(request, route.replica)
 
     def _done(self, request: ProxyRequest) -> None:
         """Record the finished request, once: its spans and its access-log line."""
@@ -276,7 +280,7 @@ class Proxy:
             raise BadRequest("`stream` must be a boolean", param="stream")
         headers = upstream_headers(forward, x_request_id, self._forward_credentials)
         injected = False
-        if stream:
+        if stream and endpoint in USAGE_INJECTED:
             options = body.get("stream_options")
             if not isinstance(options, dict) or options.get("include_usage") is not True:
                 body["stream_options"] = {
