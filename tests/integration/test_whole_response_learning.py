@@ -26,7 +26,7 @@ async def test_whole_answers_teach_no_ttft_and_a_stream_does() -> None:
         async with (
             running_gateway(gateway_config(fleet.urls)) as gw,
             httpx.AsyncClient(base_url=gw.url) as http,
-        ):  # noqa: E501
+        ):
             controller = gw.gateway.path.dispatcher.controller
             default_rate = controller.rates.prefill_tokens_per_s
             replica = next(iter(gw.state.replicas.values()))

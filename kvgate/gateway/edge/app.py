@@ -242,7 +242,7 @@ class Gateway:
 
     def hot_route(self) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
         """What serves a completion ``POST`` the edge takes straight off the parser
-        (``kvgate.gateway.edge.http_protocol.HOT_PATHS``): the proxy once started, and nothing while new
+        (``kvgate.gateway.edge.hot_route.HOT_PATHS``): the proxy once started, and nothing while new
         requests are refused, so that this application's dispatch answers them."""
         if self._refusing:
             return None
