@@ -71,6 +71,11 @@ class GatewayConfig(Frozen):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             problems.append(f"models: duplicate model names in {names}")
+        aliases = [alias for m in self.models for alias in m.aliases]
+        public = [*names, *aliases]
+        clashing = sorted({alias for alias in aliases if public.count(alias) > 1})
+        if clashing:
+            problems.append(f"models: aliases {clashing} name more than one model, or a model itself")
         pool_names = [p.name for p in self.pools]
         if len(set(pool_names)) != len(pool_names):
             problems.append(f"pools: duplicate pool names in {pool_names}")
