@@ -18,7 +18,7 @@ from kvgate.config.base import Frozen
 from kvgate.config.coordination import Coordination
 from kvgate.config.health import Health
 from kvgate.config.models import Model
-from kvgate.config.observability import AccessLog, Tracing
+from kvgate.config.observability import AccessLog, Metrics, Tracing
 from kvgate.config.pools import Pool
 from kvgate.config.routing import RoutingConfig
 from kvgate.config.server import Server
@@ -55,6 +55,10 @@ class GatewayConfig(Frozen):
     access_log: AccessLog = Field(
         default_factory=AccessLog,
         description="One line per completion request on stderr: format and sampling.",
+    )
+    metrics: Metrics = Field(
+        default_factory=Metrics,
+        description="What /metrics labels its per-request series with: the optional tenant label.",
     )
     tracing: Tracing = Field(
         default_factory=Tracing,

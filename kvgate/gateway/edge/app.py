@@ -66,7 +66,8 @@ class Gateway:
         autoscaler = config.autoscaler
         window_s = 60.0 if autoscaler is None else autoscaler.signals_window_s
         self._clock = clock
-        self.metrics = GatewayMetrics(clock=clock, window_s=window_s)
+        tenant_label = config.metrics.tenant_label
+        self.metrics = GatewayMetrics(clock=clock, window_s=window_s, tenant_label=tenant_label)
         self.path = DecisionPath.build(self.state, config, self.metrics, clock)
         """The decision path's parts (pricing, fleet, dispatcher, accounting), over ``clock``."""
         routing = config.routing
@@ -259,7 +260,7 @@ class Gateway:
                 error = MethodNotAllowed(
                     f"method {scope['method']} is not allowed on {scope['path']}; use POST"
                 )
-                self.metrics.count_error(error)
+                self.metrics.count_error(error, route=scope["path"])
                 await send_error(send, error, request_id_of(scope))
                 return
             assert self._proxy is not None, "gateway not started"

@@ -239,7 +239,7 @@ class Proxy:
 
     async def _refuse(self, send: Send, request: ProxyRequest, error: GatewayError) -> None:
         """Answer ``request`` with ``error``: counted, kept for its record, rendered."""
-        self._metrics.count_error(error)
+        self._metrics.count_error(error, request.model, request.endpoint, request.tenant)
         request.status = error.status
         request.error = error
         await send_error(send, error, request.x_request_id, request.edge)

@@ -116,7 +116,7 @@ class Relay:
                     accounting.answered_whole(request, now_s)
                     _read_usage(request, body)
                 request.response_started = True
-                self._metrics.count_relayed(status)
+                self._metrics.count_relayed(status, request.model, request.endpoint, request.tenant)
                 request.status = status
                 edge = request.edge
                 if edge is None or not edge.respond(status, headers, body):
@@ -126,7 +126,7 @@ class Relay:
                     accounting.finished(request, replica, None, self._clock())
                 return None
             request.response_started = True
-            self._metrics.count_relayed(status)
+            self._metrics.count_relayed(status, request.model, request.endpoint, request.tenant)
             request.status = status
             await send({"type": "http.response.start", "status": status, "headers": headers})
             itl_s, gaps_s = await self._stream(request, replica, response, send)
@@ -184,7 +184,7 @@ class Relay:
                 headers = relay_headers(response.headers, request.x_request_id, self._not_relayed)
                 request.response_started = True
                 request.status = status
-                self._metrics.count_relayed(status)
+                self._metrics.count_relayed(status, request.model, request.endpoint, request.tenant)
                 await send_whole(send, request.edge, status, headers, body)
                 return None
             params = handoff_params(body)
