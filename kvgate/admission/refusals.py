@@ -16,7 +16,7 @@ from kvgate.admission.deadline import WaitBound
 from kvgate.admission.decision import Refusal, RefusalReason
 from kvgate.admission.queue import QueueStats
 from kvgate.admission.retry_after import retry_after
-from kvgate.admission.tenants import Tenant
+from kvgate.admission.tenants import RequestLimit, Tenant
 from kvgate.config.admission import AdmissionConfig
 from kvgate.vocabulary.snapshot import FleetSnapshot
 
@@ -47,6 +47,19 @@ def over_budget(tenant: Tenant, kv_tokens: int, wait_s: float, config: Admission
         f"this request counts {kv_tokens} (prompt + max output)."
     )
     return _come_back(429, RefusalReason.TENANT_BUDGET, text, wait_s, config)
+
+
+def over_request_limit(tenant: Tenant, limit: RequestLimit, config: AdmissionConfig) -> Refusal:
+    """A tenant over its requests per minute or its requests at once
+    (``kvgate.admission.tenants.TenantDirectory.open_request``)."""
+    if limit.concurrent:
+        text = (
+            f"Tenant '{tenant.name}' already has {tenant.max_concurrent_requests} requests in flight, "
+            "its limit of concurrent requests."
+        )
+        return _come_back(429, RefusalReason.TENANT_CONCURRENCY, text, limit.wait_s, config)
+    text = f"Tenant '{tenant.name}' is over its limit of {tenant.requests_per_min} requests per minute."
+    return _come_back(429, RefusalReason.TENANT_REQUESTS, text, limit.wait_s, config)
 
 
 def queue_full(stats: QueueStats, expected_s: float, config: AdmissionConfig) -> Refusal:

@@ -18,7 +18,7 @@ from kvgate.config.base import Frozen
 from kvgate.config.coordination import Coordination
 from kvgate.config.health import Health
 from kvgate.config.models import Model
-from kvgate.config.observability import AccessLog, Tracing
+from kvgate.config.observability import AccessLog, Metrics, Tracing
 from kvgate.config.pools import Pool
 from kvgate.config.routing import RoutingConfig
 from kvgate.config.server import Server
@@ -56,6 +56,10 @@ class GatewayConfig(Frozen):
         default_factory=AccessLog,
         description="One line per completion request on stderr: format and sampling.",
     )
+    metrics: Metrics = Field(
+        default_factory=Metrics,
+        description="What /metrics labels its per-request series with: the optional tenant label.",
+    )
     tracing: Tracing = Field(
         default_factory=Tracing,
         description="OpenTelemetry tracing of the completion routes (the otel extra). Default off.",
@@ -71,6 +75,11 @@ class GatewayConfig(Frozen):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             problems.append(f"models: duplicate model names in {names}")
+        aliases = [alias for m in self.models for alias in m.aliases]
+        public = [*names, *aliases]
+        clashing = sorted({alias for alias in aliases if public.count(alias) > 1})
+        if clashing:
+            problems.append(f"models: aliases {clashing} name more than one model, or a model itself")
         pool_names = [p.name for p in self.pools]
         if len(set(pool_names)) != len(pool_names):
             problems.append(f"pools: duplicate pool names in {pool_names}")

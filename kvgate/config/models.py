@@ -87,6 +87,15 @@ class Model(Frozen):
     max_model_len: int = Field(
         gt=0, description="Context length in tokens (prompt + output). Example: 131072"
     )
+    aliases: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Other names clients may send for this model (list of text): a request naming an alias "
+            "is served as this model, its body rewritten to the served name the replicas know, and "
+            "/v1/models lists each alias. Unique across every model's names and aliases. Default "
+            "none. Example: ['gpt-4o-mini', 'llama-8b']."
+        ),
+    )
     tokenizer: TokenizerConfig = Field(
         default_factory=TiktokenTokenizer, description="How prompts are counted."
     )
