@@ -255,9 +255,16 @@ class HuggingFaceTokenizer:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError as exc:
             raise ImportError(
-                f"tokenizer kind 'hf' ({path}) needs the 'tokenizers' package: pip install 'kvgate[hf]'"
+                f"tokenizer kind 'huggingface' ({path}) needs the 'tokenizers' package: "
+                "pip install 'kvgate[hf]'"
             ) from exc
-        return cls(_HFTokenizer.from_file(str(path)), Path(path).name)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        try:
+            tokenizer = _HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust loader raises a bare Exception
+            raise ValueError(f"{path} is not a Hugging Face tokenizer.json: {exc}") from None
+        return cls(tokenizer, Path(path).name)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)

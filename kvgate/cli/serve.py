@@ -7,7 +7,9 @@ tester."""
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+from collections.abc import Callable
 
 from kvgate.cli.command import CommandError, warning
 from kvgate.config.gateway import GatewayConfig
@@ -28,19 +30,54 @@ def register_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     actions = parser.add_subparsers(dest="config_command", required=True)
     check = actions.add_parser("check", help="validate a config file, listing every problem")
     check.add_argument("file")
+    check.add_argument(
+        "--no-secrets",
+        action="store_true",
+        help="open no *_file secret (CI, where they are not mounted); every other rule still runs",
+    )
     check.set_defaults(run=_config_check, prog=check.prog)
 
 
-def load(path: str, environ: dict[str, str] | None = None, warn: Warn = log_warning) -> GatewayConfig:
+def load(
+    path: str, environ: dict[str, str] | None = None, warn: Warn = log_warning, read_secrets: bool = True
+) -> GatewayConfig:
+    """The config in ``path``, with every model's tokeniser and chat template loaded once, as the
+    gateway will load them: a file that passes here starts."""
     try:
-        return load_config(path, environ, warn)
+        config = load_config(path, environ, warn, read_secrets)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
+    problems = counting_problems(config)
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise CommandError(f"invalid config {path}: {len(problems)} problem(s)\n{lines}")
+    return config
+
+
+def counting_problems(config: GatewayConfig) -> list[str]:
+    """Why a model's prompts could not be counted: a tokeniser or chat template that does not load
+    (a missing file, a missing extra), one line per model."""
+    from kvgate.admission.counting import template_for, tokenizer_for
+
+    problems = []
+    for i, model in enumerate(config.models):
+        loaders: list[tuple[str, Callable[[], object]]] = [
+            ("tokenizer", functools.partial(tokenizer_for, model.tokenizer)),
+            ("chat_template", functools.partial(template_for, model.chat_template)),
+        ]
+        for part, build in loaders:
+            try:
+                build()
+            except Exception as exc:  # every way a third-party loader fails is a config problem
+                problems.append(f"models.{i}.{part} ({model.name}): {exc}")
+    return problems
 
 
 def _config_check(args: argparse.Namespace) -> int:
     """An old key still read is a warning line of the check's own, besides the summary."""
-    config = load(args.file, warn=lambda message: warning(args.prog, message))
+    config = load(
+        args.file, warn=lambda message: warning(args.prog, message), read_secrets=not args.no_secrets
+    )
     replicas = sum(len(p.replicas) for p in config.pools)
     dns = sum(1 for p in config.pools if p.dns is not None)
     print(

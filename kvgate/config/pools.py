@@ -6,13 +6,24 @@ normal form. A pool's ``api_key`` goes into an HTTP header, so it must be visibl
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import BeforeValidator, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from kvgate.config.base import Frozen
 from kvgate.config.secrets import digits_as_text, read_secret_files
 from kvgate.config.urls import replica_base_url
+
+
+def _replica_url(url: object) -> str:
+    try:
+        return replica_base_url(url)
+    except ValueError as exc:
+        raise ValueError(f"replica URL {url!r}: {exc}") from None
+
+
+ReplicaUrl = Annotated[str, BeforeValidator(_replica_url)]
+"""A static replica URL in normal form; each bad one of a list is its own problem (key and index)."""
 
 
 class DnsReplicas(Frozen):
@@ -33,7 +44,7 @@ class Pool(Frozen):
         default=(),
         description="Model names served by this pool; empty means every configured model. Default [].",
     )
-    replicas: tuple[str, ...] = Field(
+    replicas: tuple[ReplicaUrl, ...] = Field(
         default=(),
         description="Static replica base URLs (without /v1); or give dns. Example: [http://10.0.0.5:8000]",
     )
@@ -86,8 +97,8 @@ class Pool(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _read_secret_files(cls, data: Any) -> Any:
-        return read_secret_files(data, ("api_key",))
+    def _read_secret_files(cls, data: Any, info: ValidationInfo) -> Any:
+        return read_secret_files(data, ("api_key",), info=info)
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -100,17 +111,6 @@ class Pool(Frozen):
         if key is not None and not all(0x21 <= ord(ch) <= 0x7E for ch in key.get_secret_value()):
             raise ValueError("an api_key is visible ASCII (it goes into an HTTP header)")
         return key
-
-    @field_validator("replicas")
-    @classmethod
-    def _normal_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
-        normal = []
-        for url in urls:
-            try:
-                normal.append(replica_base_url(url))
-            except ValueError as exc:
-                raise ValueError(f"replica URL {url!r}: {exc}") from None
-        return tuple(normal)
 
     @model_validator(mode="after")
     def _one_source(self) -> Pool:
