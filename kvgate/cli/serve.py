@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import logging
 import os
 from collections.abc import Callable
 
@@ -22,6 +23,12 @@ def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("--host", default=None, help="address to listen on (overrides server.host)")
     parser.add_argument("--port", type=int, default=None, help="port to listen on (overrides server.port)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "text"],
+        help="every line the process writes on stderr: one JSON object (default), or text for a terminal",
+    )
     parser.set_defaults(run=_serve, prog=parser.prog)
 
 
@@ -98,16 +105,26 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Flags win over ``KVGATE_SERVER__*`` variables, which win over the file."""
+    """Flags win over ``KVGATE_SERVER__*`` variables, which win over the file. From the first line
+    on, everything goes through logging in one format (``kvgate.cli.logs``), a refusal to start
+    included."""
+    from kvgate.cli.logs import configure
     from kvgate.gateway.edge.server import serve
 
+    configure(args.log_format, args.log_level)
     environ = dict(os.environ)
     if args.host is not None:
         environ["KVGATE_SERVER__HOST"] = args.host
     if args.port is not None:
         environ["KVGATE_SERVER__PORT"] = str(args.port)
-    config = load(args.config, environ)
-    check_listen(config.server.host, config.server.port)
+    try:
+        config = load(args.config, environ)
+        check_listen(config.server.host, config.server.port)
+    except CommandError as exc:
+        if args.log_format == "text":
+            raise
+        logging.getLogger("kvgate.serve").error("cannot start: %s", exc)
+        return exc.status
     serve(config, log_level=args.log_level)
     return 0
 
