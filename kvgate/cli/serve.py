@@ -43,6 +43,17 @@ def register_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
         help="open no *_file secret (CI, where they are not mounted); every other rule still runs",
     )
     check.set_defaults(run=_config_check, prog=check.prog)
+    reference = actions.add_parser(
+        "reference", help="print the generated reference of the admission, routing and autoscaler sections"
+    )
+    reference.set_defaults(run=_config_reference, prog=reference.prog)
+
+
+def _config_reference(args: argparse.Namespace) -> int:
+    from kvgate.config.reference import render
+
+    print(render(), end="")
+    return 0
 
 
 def load(
