@@ -98,9 +98,11 @@ def _config_check(args: argparse.Namespace) -> int:
     )
     replicas = sum(len(p.replicas) for p in config.pools)
     dns = sum(1 for p in config.pools if p.dns is not None)
+    kubernetes = sum(1 for p in config.pools if p.kubernetes is not None)
+    found_by_api = f", {kubernetes} Kubernetes pool(s)" if kubernetes else ""
     print(
         f"{args.file}: ok ({len(config.models)} model(s), {len(config.pools)} pool(s), "
-        f"{replicas} static replica(s), {dns} DNS pool(s))"
+        f"{replicas} static replica(s), {dns} DNS pool(s){found_by_api})"
     )
     for model in config.models:
         if config.disaggregated(model.name):

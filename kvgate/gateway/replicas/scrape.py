@@ -212,7 +212,13 @@ def log_fleet(state: GatewayState, answered: set[str]) -> None:
     and where that comes from, the models it serves), and a warning when none answered."""
     for pool in state.pools.values():
         members = [r for r in state.replicas.values() if r.pool == pool.name]
-        source = f"DNS {pool.dns.name}:{pool.dns.port}" if pool.dns is not None else "static"
+        source = (
+            f"DNS {pool.dns.name}:{pool.dns.port}"
+            if pool.dns is not None
+            else "Kubernetes EndpointSlices"
+            if pool.kubernetes is not None
+            else "static"
+        )
         described = [_described(r, r.replica_id in answered) for r in members] or ["none"]
         log.info(
             "pool %s (%s, %s): %d replica(s), %d answering, %d KV tokens discovered: %s",
