@@ -3,8 +3,10 @@
 A config is read once at start-up (``kvgate.config.loader``) and handed out section by section;
 nothing mutates it afterwards. Each section lives in its own module, which the root only gathers;
 what is checked here is what no one section can see: unique model and pool names, pools naming
-configured models, every disaggregated model served by both halves of a prefill/decode pair, and
-every tenant admission prices identified by some key of auth's.
+configured models, every disaggregated model served by both halves of a prefill/decode pair,
+every tenant admission prices identified by some key of auth's, and every entry keyed by a model
+(``admission.models``) or a pool (``autoscaler.pools``) naming one that is configured: a misspelt
+key would otherwise leave its model or pool on the defaults without a word.
 """
 
 from __future__ import annotations
@@ -89,6 +91,19 @@ class GatewayConfig(Frozen):
                 problems.append(f"pools.{pool.name}.models: {unknown} are not configured models {names}")
         for name in names:
             problems.extend(_incomplete_pair(name, self.serving(name)))
+        for model in self.admission.models:
+            if model not in names:
+                problems.append(
+                    f"admission.models.{model}: not a configured model {names}, so these rules "
+                    "would apply to no request"
+                )
+        if self.autoscaler is not None:
+            for pool_name in self.autoscaler.pools:
+                if pool_name not in pool_names:
+                    problems.append(
+                        f"autoscaler.pools.{pool_name}: not a configured pool {pool_names}, so this "
+                        "policy would scale nothing"
+                    )
         keyed = {tenant.name for tenant in self.auth.tenants}
         for tenant in self.admission.tenants:
             if tenant.name not in keyed:

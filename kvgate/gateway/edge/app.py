@@ -33,7 +33,7 @@ from kvgate.gateway.asgi import Message, Receive, Scope, Send
 from kvgate.gateway.coordination.coordinator import RedisCoordinator, fleet_demands
 from kvgate.gateway.edge.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from kvgate.gateway.edge.errors import GatewayError, MethodNotAllowed
-from kvgate.gateway.replicas.discovery import DnsDiscovery
+from kvgate.gateway.replicas.discovery import discoveries_for
 from kvgate.gateway.replicas.kv_event_streams import KvEventStreams
 from kvgate.gateway.replicas.probes import HealthMonitor
 from kvgate.gateway.replicas.replica_http import ReplicaClient
@@ -184,9 +184,7 @@ class Gateway:
         self._proxy = Proxy(
             self.state, self.path, self._client, server, self.config.auth, cap_s, access_log, self.tracing
         )
-        discoveries = [
-            DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
-        ]
+        discoveries = discoveries_for(self.state, self.config.pools, self._session)
         for discovery in discoveries:
             await discovery.refresh()
         monitor = HealthMonitor(self.state, self._session, self.config.health, self.path.fleet)
