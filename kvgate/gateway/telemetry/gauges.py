@@ -38,6 +38,8 @@ WORK_GAUGES = (
     "kvgate_autoscaler_decision_info",
 )
 """Every gauge ``WorkGauges`` writes."""
+FORECAST_GAUGES = ("kvgate_autoscaler_forecast_replicas", "kvgate_autoscaler_forecast_error_replicas")
+"""Exported for a pool only once its policy's forecast has history (``forecast.enabled``)."""
 INFO_GAUGES = ("kvgate_build_info",)
 COORDINATION_SERIES = (
     "kvgate_coordination_up",
@@ -162,11 +164,27 @@ def _desired_families(answers: Mapping[str, Desired]) -> Iterator[Metric]:
         "1 for the reason of the policy's last recommendation for a pool.",
         labels=["pool", "reason"],
     )
+    forecast = GaugeMetricFamily(
+        "kvgate_autoscaler_forecast_replicas",
+        "Demand the autoscaling policy's forecast expects over its lead, in replicas.",
+        labels=["pool"],
+    )
+    error = GaugeMetricFamily(
+        "kvgate_autoscaler_forecast_error_replicas",
+        "The latest forecast whose lead has passed minus the most demand that came over it, in replicas.",
+        labels=["pool"],
+    )
     for pool, answer in sorted(answers.items()):
         desired.add_metric([pool], float(answer.replicas))
         info.add_metric([pool, answer.reason], 1.0)
+        if answer.forecast_replicas is not None:
+            forecast.add_metric([pool], answer.forecast_replicas)
+        if answer.forecast_error_replicas is not None:
+            error.add_metric([pool], answer.forecast_error_replicas)
     yield desired
     yield info
+    yield forecast
+    yield error
 
 
 class CoordinationGauges(Collector):

@@ -357,8 +357,15 @@ class GatewayMetrics:
         gives at every scrape."""
         self.registry.register(PrefixCacheSources(sources))
 
-    def set_desired_replicas(self, pool: str, replicas: int, reason: str) -> None:
-        self.signals.set_desired(pool, replicas, reason)
+    def set_desired_replicas(
+        self,
+        pool: str,
+        replicas: int,
+        reason: str,
+        forecast_replicas: float | None = None,
+        forecast_error_replicas: float | None = None,
+    ) -> None:
+        self.signals.set_desired(pool, replicas, reason, forecast_replicas, forecast_error_replicas)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
