@@ -11,10 +11,11 @@ copy. The series recorded per event are in ``kvgate/gateway/telemetry/event_seri
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvgate.admission.coordination_gate import CoordinationStatus
@@ -251,7 +252,18 @@ class PromiseCounters(Collector):
         )
         for outcome in PROMISE_OUTCOMES:
             family.add_metric([outcome], float(getattr(counts, outcome)))
-        return [family]
+        errors = counts.errors
+        histogram = HistogramMetricFamily(
+            "kvgate_promise_forecast_error_seconds",
+            "When a promise's room was there less the time promised (negative: the room waited for "
+            "the client; positive: the client came back before its room), observed when it is kept, "
+            "broken, or lapses with its room held.",
+        )
+        cumulative = list(itertools.accumulate(errors.counts))
+        bounds = [f"{bound:g}" for bound in errors.bounds_s] + ["+Inf"]
+        buckets = [(bound, float(n)) for bound, n in zip(bounds, cumulative, strict=True)]
+        histogram.add_metric([], buckets, errors.sum_s)
+        return [family, histogram]
 
 
 class ItlGuardGauges(Collector):
