@@ -167,59 +167,64 @@ class Proxy:
         refusal = self._pricer.price_now(request)
         if isinstance(refusal, Uncounted):
             refusal = await self._pricer.count(request, refusal)
+        if refusal is None:
+            refusal = self._open(request)
         if refusal is not None:
             await self._refuse(send, request, refusal_error(refusal))
             return
+        admitted = request.admission
+        assert admitted is not None, "priced"
+        try:
+            outcome = self._dispatcher.admit_now(request)
+            if not isinstance(outcome, (Route, Refusal)):
+                outcome = await outcome
+            if isinstance(outcome, Refusal):
+                await self._refuse(send, request, refusal_error(outcome))
+                return
+            route: Route = outcome
+            state = self._state
+            try:
+                while True:
+                    replica = route.replica
+                    request.replica = replica
+                    if replica.role is _PREFILL:
+                        failure = await self._handoff.serve(request, replica, send)
+                    else:
+                        replica.in_flight += 1
+                        state.in_flight += 1
+                        try:
+                            failure = await self._relay.attempt(request, replica, send)
+                        finally:
+                            replica.in_flight -= 1
+                            state.in_flight -= 1
+                    if failure is None:
+                        return
+                    retry = self._dispatcher.retry(request)
+                    if retry is None:
+                        await self._refuse(send, request, failure)
+                        return
+                    route = retry
+            finally:
+                state.served += 1
+                self._dispatcher.release(request)
+                self._accounting.closed(request, route.replica)
+        finally:
+            self._tenants.close_request(admitted.tenant)
+
+    def _open(self, request: ProxyRequest) -> Refusal | None:
+        """Let a priced request in under its tenant's request limits, or the refusal that says which
+        one holds it back (counted as an admission decision). Every request let in is closed once,
+        in ``_serve``'s ``finally``."""
         admission = request.admission
         assert admission is not None, "priced"
         tenant = admission.tenant
         limit = self._tenants.open_request(tenant, request.arrived_s)
-        if limit is not None:
-            refusal = refusals.over_request_limit(tenant, limit, self._admission_config)
-            pool = self._fleet.pool_of(request.model)
-            self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
-            await self._refuse(send, request, refusal_error(refusal))
-            return
-        try:
-            await self._admitted(request, send)
-        finally:
-            self._tenants.close_request(tenant)
-
-    async def _admitted(self, request: ProxyRequest, send: Send) -> None:
-        """A priced request its tenant's request limits let in: admitted, routed, relayed, released."""
-        outcome = self._dispatcher.admit_now(request)
-        if not isinstance(outcome, (Route, Refusal)):
-            outcome = await outcome
-        if isinstance(outcome, Refusal):
-            await self._refuse(send, request, refusal_error(outcome))
-            return
-        route: Route = outcome
-        state = self._state
-        try:
-            while True:
-                replica = route.replica
-                request.replica = replica
-                if replica.role is _PREFILL:
-                    failure = await self._handoff.serve(request, replica, send)
-                else:
-                    replica.in_flight += 1
-                    state.in_flight += 1
-                    try:
-                        failure = await self._relay.attempt(request, replica, send)
-                    finally:
-                        replica.in_flight -= 1
-                        state.in_flight -= 1
-                if failure is None:
-                    return
-                retry = self._dispatcher.retry(request)
-                if retry is None:
-                    await self._refuse(send, request, failure)
-                    return
-                route = retry
-        finally:
-            state.served += 1
-            self._dispatcher.release(request)
-            self._accounting.closed(request, route.replica)
+        if limit is None:
+            return None
+        refusal = refusals.over_request_limit(tenant, limit, self._admission_config)
+        pool = self._fleet.pool_of(request.model)
+        self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
+        return refusal
 
     def _done(self, request: ProxyRequest) -> None:
         """Record the finished request, once: its spans and its access-log line."""
