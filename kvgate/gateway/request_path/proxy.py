@@ -3,10 +3,11 @@
 
 ``Proxy._serve`` is the request's life, read top to bottom, each step a call into its owner:
 parse (here) → price (``Pricer``) → admit and route (``Dispatcher``, which may queue it) → proxy
-(``Relay``, retrying on another replica while nothing reached the client; a request routed to a
-prefill replica goes in two hops, ``kvgate.gateway.request_path.handoff``) → account
-(``Accounting``, as the answer streams) → release (``Dispatcher``, once, in ``finally``). A refusal
-at any step is a value, rendered for the client by ``errors.refusal_error``.
+(``Relay``, retrying on another replica while nothing reached the client; a generation routed to
+a prefill replica goes in two hops, ``kvgate.gateway.request_path.handoff``, while a pooling or
+tokenize request is served there whole) → account (``Accounting``, as the answer streams) →
+release (``Dispatcher``, once, in ``finally``). A refusal at any step is a value, rendered for the
+client by ``errors.refusal_error``.
 
 The client's body bytes are forwarded unchanged (parsed once with orjson, only for what decisions
 need), with two documented rewrites, serialised once after pricing: the output cap the gateway
@@ -55,7 +56,7 @@ from kvgate.gateway.request_path.forwarding import (
 from kvgate.gateway.request_path.handoff import Handoff
 from kvgate.gateway.request_path.pricing import Uncounted
 from kvgate.gateway.request_path.relay import Relay
-from kvgate.gateway.request_path.surface import USAGE_INJECTED
+from kvgate.gateway.request_path.surface import PROXIED, USAGE_INJECTED
 from kvgate.gateway.state import GatewayState, ProxyRequest
 from kvgate.vocabulary.replica import Role
 
@@ -187,7 +188,7 @@ class Proxy:
                 while True:
                     replica = route.replica
                     request.replica = replica
-                    if replica.role is _PREFILL:
+                    if replica.role is _PREFILL and PROXIED[request.endpoint].decodes:
                         failure = await self._handoff.serve(request, replica, send)
                     else:
                         replica.in_flight += 1
