@@ -208,6 +208,9 @@ def play(
         result = replica.engine.step(now_s)
         if result.num_scheduled_tokens == 0:
             # Idle, or waiting on a host-tier load: an arrival may step it sooner, as in the server.
+            # Starting a load may still have evicted blocks; their events are published now.
+            for event in result.kv_events:
+                router.cache.apply(replica.replica_id, event)
             replica.stepping = False
             load_done_s = replica.engine.next_load_done_s
             if load_done_s is not None:
