@@ -6,7 +6,9 @@
 # that virtualenv onto a clean slim Python of the same version and runs as an unprivileged user: no
 # compiler in the image. Nothing is written outside /tmp at run time, so the pod runs with
 # readOnlyRootFilesystem and an emptyDir on /tmp. No HEALTHCHECK: Kubernetes probes /readyz and
-# /healthz (deploy/base).
+# /healthz (deploy/base). The image carries the extras every documented option needs: k8s (the
+# autoscaler's Kubernetes actuator), otel (tracing) and hf (a model's own tokenizer.json and Jinja
+# chat template).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG BUILD_IMAGE=python:3.11-bookworm
@@ -22,10 +24,10 @@ COPY kvgate/ kvgate/
 # mypyc type-checks what it compiles, so the build's virtualenv holds kvgate's dependencies and mypy.
 RUN python -m venv /opt/build \
     && /opt/build/bin/pip install --only-binary=:all: "setuptools>=77" wheel "mypy>=1.10" types-PyYAML \
-    && /opt/build/bin/pip install --only-binary=:all: ".[k8s,otel]" \
+    && /opt/build/bin/pip install --only-binary=:all: ".[k8s,otel,hf]" \
     && KVGATE_COMPILE="${KVGATE_COMPILE}" /opt/build/bin/pip wheel --no-build-isolation --no-deps --wheel-dir /wheels . \
     && python -m venv /opt/kvgate \
-    && /opt/kvgate/bin/pip install --only-binary=:all: "$(ls /wheels/kvgate-*.whl)[k8s]"
+    && /opt/kvgate/bin/pip install --only-binary=:all: "$(ls /wheels/kvgate-*.whl)[k8s,otel,hf]"
 
 FROM ${PYTHON_IMAGE} AS runtime
 ARG KVGATE_UID=10001
@@ -51,8 +53,12 @@ ENV PATH=/opt/kvgate/bin:$PATH \
 USER ${KVGATE_UID}:${KVGATE_UID}
 # The tokeniser data is in the image: loading it with the network cut off proves nothing is fetched.
 # RUN --network (BuildKit, Docker's default builder since 23.0) runs this step without a network.
-RUN --network=none python -c "from kvgate.admission.counting import tokenizer_for; from kvgate.config.schema import TiktokenTokenizer; assert tokenizer_for(TiktokenTokenizer()).count('kvgate') > 0" \
-    && kvgate config check "$(python -c 'import kvgate.config as config, pathlib; print(pathlib.Path(config.__file__).parent / "examples" / "kubernetes.yaml")')"
+# Every extra imports, and the shipped configs pass the check (production.yaml's secrets are mounted
+# only in a pod).
+RUN --network=none python -c "from kvgate.admission.counting import tokenizer_for; from kvgate.config.models import TiktokenTokenizer; assert tokenizer_for(TiktokenTokenizer()).count('kvgate') > 0" \
+    && python -c "import kubernetes, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter, tokenizers, jinja2" \
+    && kvgate config check "$(python -c 'import kvgate.config as config, pathlib; print(pathlib.Path(config.__file__).parent / "examples" / "kubernetes.yaml")')" \
+    && kvgate config check --no-secrets "$(python -c 'import kvgate.config as config, pathlib; print(pathlib.Path(config.__file__).parent / "examples" / "production.yaml")')"
 EXPOSE 8080
 ENTRYPOINT ["kvgate"]
 CMD ["serve", "--config", "/etc/kvgate/kvgate.yaml"]

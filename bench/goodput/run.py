@@ -4,6 +4,7 @@ trace played through them all in interleaved slices, the fleets' counters read b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.goodput.figures import PolicyRun, fleet_counters
+from bench.goodput.figures import PolicyRun, PromiseTrust, fleet_counters, gateway_page
 from bench.goodput.table import plot, print_table
 from bench.goodput.trace import workload
 from bench.harness import peers
@@ -173,8 +174,10 @@ async def bench(args: argparse.Namespace) -> None:
                 else:
                     print(f"{peer.name}: did not start ({why_not}; output in {args.out}), left out")
             before = {name: await fleet_counters(session, fleets[name]) for name in urls}
+            pages = {name: await gateway_page(session, g.url) for name, g in gateways.items()}
             targets = [Target(name, url, DEFAULT_MODEL) for name, url in urls.items()]
-            retry = RetryPolicy(max_retries=args.retries, max_header_wait_s=30.0) if args.retries else None
+            # The openai SDK's manners; the gateways cap Retry-After at 30 s (``config``).
+            retry = RetryPolicy(max_retries=args.retries) if args.retries else None
             results = await run_compare(
                 targets,
                 trace,
@@ -183,8 +186,15 @@ async def bench(args: argparse.Namespace) -> None:
                 same_prompts=True,
             )
             after = {name: await fleet_counters(session, fleets[name]) for name in urls}
+            trust = {
+                name: PromiseTrust.between(pages[name], await gateway_page(session, g.url))
+                for name, g in gateways.items()
+            }
     runs = [
-        PolicyRun.of(result, summary, before[result.target.name], after[result.target.name])
+        dataclasses.replace(
+            PolicyRun.of(result, summary, before[result.target.name], after[result.target.name]),
+            trust=trust.get(result.target.name),
+        )
         for result, summary in zip(results, summaries_for(results, slo), strict=True)
     ]
     print_table(runs, slo)

@@ -52,7 +52,8 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
             continue
         s, b = run.summary, base.summary
         print(
-            f"  {run.policy:<18} goodput {_ratio(table[run.policy]['goodput'], 1.0)}, "
+            f"  {run.policy:<18} goodput {_ratio(table[run.policy]['goodput'], 1.0)} per second of its "
+            f"own run, {_ratio(s.goodput_requests, b.goodput_requests)} of the trace's requests, "
             f"ttft p95 {_ratio(s.ttft_p95_s, b.ttft_p95_s)}, itl p95 {_ratio(s.itl_p95_s, b.itl_p95_s)}, "
             f"prefix hit rate {_ratio(run.hit_ratio, base.hit_ratio)} "
             f"(first schedules {_ratio(run.first_schedule_hit_ratio, base.first_schedule_hit_ratio)})"
@@ -60,6 +61,8 @@ def print_table(runs: Sequence[PolicyRun], slo: Slo) -> None:
     print()
     for run in runs:
         print(f"  {run.policy:<18} {RetryOutcomes.of(run.result.records).line()}")
+        if run.trust is not None:
+            print(f"  {'':<18} {run.trust.line()}")
     print()
     for run in runs:
         s = run.summary

@@ -109,6 +109,13 @@ class _Step:
 
 
 @dataclass(frozen=True, slots=True)
+class _LoadEnd:
+    """A host-tier load ends on an engine that had nothing else to run: step it again then."""
+
+    replica: _Replica
+
+
+@dataclass(frozen=True, slots=True)
 class LabResult:
     policy: str
     outcomes: tuple[Outcome, ...]
@@ -180,10 +187,10 @@ def play(
             router.cache.start(replica.replica_id)
     by_id = {replica.replica_id: replica for replica in fleet}
     outcomes = [Outcome(request) for request in requests]
-    events: list[tuple[float, int, int, Outcome | _Step | None]] = []
+    events: list[tuple[float, int, int, Outcome | _Step | _LoadEnd | None]] = []
     order = 0
 
-    def push(at_s: float, kind: int, item: Outcome | _Step | None) -> None:
+    def push(at_s: float, kind: int, item: Outcome | _Step | _LoadEnd | None) -> None:
         nonlocal order
         heapq.heappush(events, (at_s, kind, order, item))
         order += 1
@@ -200,7 +207,11 @@ def play(
     def step(replica: _Replica, now_s: float) -> None:
         result = replica.engine.step(now_s)
         if result.num_scheduled_tokens == 0:
+            # Idle, or waiting on a host-tier load: an arrival may step it sooner, as in the server.
             replica.stepping = False
+            load_done_s = replica.engine.next_load_done_s
+            if load_done_s is not None:
+                push(load_done_s, _STEP_END, _LoadEnd(replica))
             return
         replica.stepping = True
         push(result.end_s, _STEP_END, _Step(replica, result))
@@ -263,6 +274,8 @@ def play(
                 router.cache.apply(item.replica.replica_id, event)
             if _deliver(item.replica, item.result, ledger):
                 drain_queue(now_s)
+            step(item.replica, now_s)
+        elif isinstance(item, _LoadEnd) and not item.replica.stepping:
             step(item.replica, now_s)
     for outcome in waiting:
         outcome.refused = True

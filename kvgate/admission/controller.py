@@ -23,6 +23,7 @@ after each release or fleet change, ``expire`` on a timer, ``cancel`` when a que
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from kvgate.admission import refusals
 from kvgate.admission.calibration import Calibration
@@ -43,7 +44,7 @@ from kvgate.admission.itl_guard import ItlGuard
 from kvgate.admission.ledger import Ledger
 from kvgate.admission.placement import after_promises, fleet_placer
 from kvgate.admission.pressure import ArrivalPressure
-from kvgate.admission.promises import PromiseBook, PromiseCounts
+from kvgate.admission.promises import Promise, PromiseBook, PromiseCounts
 from kvgate.admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from kvgate.admission.retry_after import ServiceRates
 from kvgate.admission.tenants import TenantDirectory
@@ -75,8 +76,10 @@ class AdmissionController:
             config.queue_max_requests, config.queue_max_tokens, config.head_of_line_max_wait_s
         )
         self._next_ticket = 1
-        self._claimed = False
-        """Set by ``_admit`` when the request claimed its promise: ``admit`` counts the outcome."""
+        self._claimed: Promise | None = None
+        """Set by ``_admit`` to the promise the request claimed: ``admit`` counts the outcome."""
+        self._claimed_room_at_s: float | None = None
+        """When the claimed promise's room was first held for it (``PromiseBook.room_at_s``)."""
         self._promises = PromiseBook(config.promise_grace_s)
         self._returning = False
         """Set by ``_admit`` when the request came back to a promise: not new demand."""
@@ -111,7 +114,7 @@ class AdmissionController:
     def admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
         """Admit, queue or refuse ``request`` over ``fleet``; a promise it came back to claim is
         counted kept or broken by the answer."""
-        self._claimed = self._returning = False
+        self._claimed, self._returning = None, False
         decision = self._admit(request, fleet)
         now_s, kv_tokens = fleet.now_s, request.cost.kv_tokens
         if not self._returning:
@@ -120,12 +123,18 @@ class AdmissionController:
             self._pressure.admitted(kv_tokens, now_s)
         elif isinstance(decision, Refusal) and decision.reason in FULL_FLEET_REASONS:
             self._pressure.saturated(now_s)
-        if self._claimed:
+        claimed = self._claimed
+        if claimed is not None:
             counts = self._promises.counts
             if isinstance(decision, Refusal):
                 counts.broken += 1
-            else:
+                late_s = math.inf if decision.retry_after is None else decision.retry_after.expected_s
+                counts.errors.observe(now_s + late_s - claimed.due_s)
+            elif isinstance(decision, Admit):
                 counts.kept += 1
+                room_at_s = self._claimed_room_at_s
+                counts.errors.observe((now_s if room_at_s is None else room_at_s) - claimed.due_s)
+            # A claimant queued at the head of its class is counted when it leaves the queue.
         return decision
 
     def _admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
@@ -173,8 +182,9 @@ class AdmissionController:
         if budget_wait_s > 0.0:
             return refusals.over_budget(tenant, kv_tokens, budget_wait_s, self.config)
         if promise is not None:
+            self._claimed_room_at_s = self._promises.room_at_s(promise)
             self._promises.remove(promise)
-            self._claimed = True
+            self._claimed = promise
         ticket = self._take_ticket()
         if fitting and not self._queue.has_work_at_or_above(rank) and not self._promises.has_due(now_s, rank):
             if len(fitting) > 1:
@@ -199,8 +209,8 @@ class AdmissionController:
         self.tenants.refund(request.tenant, kv_tokens)
         if not queue_has_room:
             return refusals.queue_full(self.queue_stats(now_s), expected_s, self.config)
-        expected_s = self._promise(request, expected_s, now_s)
-        return refusals.overload(model, expected_s, wait_budget_s, bound, self.config)
+        expected_s, promised = self._promise(request, expected_s, fleet)
+        return refusals.overload(model, expected_s, wait_budget_s, bound, self.config, promised)
 
     def retry_candidates(self, request: AdmissionRequest, fleet: FleetSnapshot) -> tuple[ReplicaView, ...]:
         """Where a request admitted once may be retried now (its replica failed before the first
@@ -259,6 +269,9 @@ class AdmissionController:
             tenant = entry.request.tenant
             self._queue.charge(tenant.name, tenant.weight, entry.kv_tokens)
             self._pressure.admitted(entry.kv_tokens, now_s)
+            if entry.promised_due_s is not None:
+                self._promises.counts.kept += 1
+                self._promises.counts.errors.observe(now_s - entry.promised_due_s)
             dispatches.append(
                 Dispatch(
                     entry.ticket,
@@ -274,6 +287,8 @@ class AdmissionController:
 
     def requeue(self, dispatch: Dispatch) -> None:
         """Put a dispatch that could not be placed back in its original place."""
+        if dispatch.promised_due_s is not None:
+            self._promises.counts.kept -= 1  # counted again when it leaves the queue for good
         tenant = dispatch.request.tenant
         self._queue.refund(tenant.name, tenant.weight, dispatch.request.cost.kv_tokens)
         self._queue.push(
@@ -295,16 +310,20 @@ class AdmissionController:
             request = entry.request
             self.tenants.refund(request.tenant, entry.kv_tokens)
             serving = [v for v in fleet.replicas if routable(v, request.model, now_s)]
+            promised = False
             if serving:
                 self._pressure.saturated(now_s)
                 expected_s = self._forecast.expected_wait_s(
                     entry.kv_tokens, request.model, self._ahead(entry), serving
                 )
-                expected_s = self._promise(request, expected_s, now_s)
+                if entry.promised_due_s is not None:
+                    self._promises.counts.broken += 1
+                    self._promises.counts.errors.observe(now_s + expected_s - entry.promised_due_s)
+                expected_s, promised = self._promise(request, expected_s, fleet)
             else:
                 expected_s = self.config.no_replica_retry_after_s
             budget_s, bound = self._wait_budget(request)
-            refusal = refusals.overload(request.model, expected_s, budget_s, bound, self.config)
+            refusal = refusals.overload(request.model, expected_s, budget_s, bound, self.config, promised)
             expired.append(Expired(entry.ticket, request, refusal))
         return expired
 
@@ -355,15 +374,29 @@ class AdmissionController:
         queued = self._queue.stats(now_s)
         return queued.kv_tokens + self._promises.kv_tokens, queued.requests + len(self._promises)
 
-    def _promise(self, request: AdmissionRequest, expected_s: float, now_s: float) -> float:
-        """Book the refused request a slot at its Retry-After when the queue's bounds leave room, and
-        return that Retry-After: the drain estimate, or for a request with a TTFT objective the time
-        spare capacity serves it without refusing a newcomer (``kvgate.admission.pressure``)."""
+    def _promise(
+        self, request: AdmissionRequest, expected_s: float, fleet: FleetSnapshot
+    ) -> tuple[float, bool]:
+        """Book the refused request a slot when the queue's bounds and the promises' share of the
+        fleet leave room for it, and return its Retry-After and whether it was booked. The time is
+        the drain estimate (or, for a request with a TTFT objective, the time spare capacity serves
+        it without refusing a newcomer, ``kvgate.admission.pressure``), pushed back to the first
+        slot whose room the share can hold beside the promises due with it
+        (``PromiseBook.slot_s``). A time behind which no room is held is no promise: the client is
+        told not to retry."""
+        now_s = fleet.now_s
         if ttft_objective_s(request, self.config) is not None:
             expected_s = self._pressure.stretch(expected_s, now_s)
-        if self._has_room(request.cost.kv_tokens):
-            self._promises.offer(request, expected_s, now_s, self.config.retry_after_cap_s)
-        return expected_s
+        if not self._has_room(request.cost.kv_tokens):
+            return expected_s, False
+        booked_s = self._promises.offer(
+            request, expected_s, now_s, self.config.retry_after_cap_s, self._share_tokens(fleet)
+        )
+        return (expected_s, False) if booked_s is None else (booked_s, True)
+
+    def _share_tokens(self, fleet: FleetSnapshot) -> float:
+        """The most KV the open promises may hold at once: ``promise_max_share`` of the fleet."""
+        return self.config.promise_max_share * sum(v.kv_capacity_tokens for v in fleet.replicas)
 
     def _has_room(self, kv_tokens: int) -> bool:
         return self._queue.has_room(kv_tokens, len(self._promises), self._promises.kv_tokens)
@@ -397,9 +430,11 @@ class AdmissionController:
         return None
 
     def _placer(self, fleet: FleetSnapshot) -> Place:
-        place = fleet_placer(fleet.replicas, fleet.now_s, self.max_active, fleet.resident)
-        share_tokens = self.config.promise_max_share * sum(v.kv_capacity_tokens for v in fleet.replicas)
-        return after_promises(place, self._promises.due(fleet.now_s), share_tokens)
+        now_s, book = fleet.now_s, self._promises
+        place = fleet_placer(fleet.replicas, now_s, self.max_active, fleet.resident)
+        return after_promises(
+            place, book.due(now_s), self._share_tokens(fleet), lambda promise: book.held(promise, now_s)
+        )
 
     def _take_ticket(self) -> int:
         ticket = self._next_ticket

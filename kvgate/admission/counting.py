@@ -18,6 +18,7 @@ from kvgate.admission.tokenizer import (
     BytesEstimateTokenizer,
     ChatTemplate,
     HuggingFaceTokenizer,
+    JinjaChatTemplate,
     TiktokenTokenizer,
     Tokenizer,
     prompt_text,
@@ -40,6 +41,9 @@ def tokenizer_for(config: TokenizerConfig) -> Tokenizer | None:
 
 
 def template_for(config: ChatTemplateConfig) -> ChatTemplate:
+    """The model's own Jinja template when the config names its file, otherwise the framing given."""
+    if config.file is not None:
+        return JinjaChatTemplate.from_file(config.file)
     return ChatTemplate(config.message_prefix, config.message_suffix, config.generation_prompt, config.bos)
 
 

@@ -22,6 +22,8 @@ class RefusalReason(StrEnum):
     KV_CAPACITY = "kv_capacity"
     QUEUE_FULL = "queue_full"
     TENANT_BUDGET = "tenant_budget"
+    TENANT_REQUESTS = "tenant_requests"
+    TENANT_CONCURRENCY = "tenant_concurrency"
     DEADLINE = "deadline"
     TTFT_SLO = "ttft_slo"
     NO_REPLICA = "no_replica"

@@ -77,11 +77,17 @@ def fleet_placer(
     return place
 
 
-def after_promises(place: Place, due: Iterable[Promise], max_held_kv_tokens: float) -> Place:
+def after_promises(
+    place: Place,
+    due: Iterable[Promise],
+    max_held_kv_tokens: float,
+    on_held: Callable[[Promise], None] | None = None,
+) -> Place:
     """``place``, where each entry first sets aside room for the due promises that go before it: a
     higher class, or its own class with an earlier slot (or any, for a newcomer). Room is set aside
     for at most ``max_held_kv_tokens`` of promises (their share of the fleet): returning clients go
-    before new arrivals, but a burst of them never takes the whole fleet from newcomers."""
+    before new arrivals, but a burst of them never takes the whole fleet from newcomers.
+    ``on_held`` hears of each promise whose room the fleet has now."""
     ordered = sorted(due, key=lambda p: (p.rank, p.due_s))
     if not ordered:
         return place
@@ -97,7 +103,8 @@ def after_promises(place: Place, due: Iterable[Promise], max_held_kv_tokens: flo
             or (pending.rank == entry.rank and (claimed_due_s is None or pending.due_s < claimed_due_s))
         ):
             if held_kv_tokens + pending.kv_tokens <= max_held_kv_tokens:
-                place(QueuedRequest(0, pending.request, pending.due_s, pending.due_s))
+                if place(QueuedRequest(0, pending.request, pending.due_s, pending.due_s)) and on_held:
+                    on_held(pending)
                 held_kv_tokens += pending.kv_tokens
             pending = next(held, None)
         return place(entry)

@@ -68,17 +68,41 @@ class Promise:
         return self.request.tenant.priority.rank
 
 
+FORECAST_ERROR_BUCKETS_S = (-2.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+"""Upper bounds of the promise forecast error histogram (seconds; ``+Inf`` follows)."""
+
+
+@dataclass(slots=True)
+class ForecastErrors:
+    """A histogram of (when a promise's room was there) - (the time promised), in seconds: negative,
+    the room waited for the client; positive, the client came back before its room."""
+
+    bounds_s: tuple[float, ...] = FORECAST_ERROR_BUCKETS_S
+    counts: list[int] = dataclasses.field(default_factory=lambda: [0] * (len(FORECAST_ERROR_BUCKETS_S) + 1))
+    """Per bucket, not cumulative; the last is past every bound."""
+    sum_s: float = 0.0
+    count: int = 0
+
+    def observe(self, error_s: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds_s, error_s)] += 1
+        if math.isfinite(error_s):
+            self.sum_s += error_s
+        self.count += 1
+
+
 @dataclass(slots=True)
 class PromiseCounts:
     """What became of the promises booked since start: the figures that say whether a Retry-After
-    can be trusted. ``kept``: the refused request came back in its window and was admitted or queued
-    at the head of its class; ``broken``: it came back in its window and was refused all the same;
-    ``lapsed``: it did not come back in time."""
+    can be trusted. ``kept``: the refused request came back in its window and was admitted, at once
+    or from the queue it joined at the head of its class; ``broken``: it came back in its window and
+    was refused all the same, at once or when its place in the queue ran out; ``lapsed``: it did not
+    come back in time. ``errors``: how far each promise's time was from its room."""
 
     made: int = 0
     kept: int = 0
     broken: int = 0
     lapsed: int = 0
+    errors: ForecastErrors = dataclasses.field(default_factory=ForecastErrors)
 
 
 class PromiseBook:
@@ -104,6 +128,8 @@ class PromiseBook:
         """Promises booked here since the edge last took them (``take_news``), to tell the others."""
         self.kept_here: list[PromiseKey] = []
         """Learnt promises claimed here since the edge last took them, to tell whoever booked them."""
+        self._room_at_s: dict[int, float] = {}
+        """When each open promise first found its room held for it (``held``)."""
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -121,14 +147,53 @@ class PromiseBook:
             self.booked.append(promise)
         return promise
 
-    def offer(self, request: AdmissionRequest, expected_s: float, now_s: float, cap_s: float) -> None:
-        """Book a refused request a slot at its Retry-After, when it can be recognised coming back
-        (``promise_key``) and was told to come back (the wait is within ``cap_s``; past it the
-        client was told not to retry). The promise keeps its tenant and cost, not its body."""
+    def offer(
+        self,
+        request: AdmissionRequest,
+        expected_s: float,
+        now_s: float,
+        cap_s: float,
+        max_kv_tokens: float = math.inf,
+    ) -> float | None:
+        """Book a refused request a slot when the gateway can stand behind it: it can be recognised
+        coming back (``promise_key``), and its room can be held beside the other promises due with
+        it within ``max_kv_tokens`` (the promises' share of the fleet) no later than ``cap_s``
+        from now (what the client waits). The slot is the first time from ``expected_s`` on at
+        which the share holds it (``slot_s``). Its wait from ``now_s``, or None: nothing was booked,
+        and the client is to be told not to retry. The promise keeps its tenant and cost, not its
+        body."""
         key = promise_key(request)
         if key is None or not math.isfinite(expected_s) or expected_s > cap_s:
-            return
-        self.book(key, dataclasses.replace(request, body=None), now_s + expected_s)
+            return None
+        due_s = self.slot_s(now_s + expected_s, request.cost.kv_tokens, max_kv_tokens)
+        if due_s is None or due_s - now_s > cap_s:
+            return None
+        self.book(key, dataclasses.replace(request, body=None), due_s)
+        return due_s - now_s
+
+    def slot_s(self, from_s: float, kv_tokens: int, max_kv_tokens: float) -> float | None:
+        """The first slot time from ``from_s`` on at which a promise of ``kv_tokens`` fits in
+        ``max_kv_tokens`` beside the promises whose claim windows overlap its own (their room is
+        held at the same time, ``due``); None if it never fits."""
+        if kv_tokens > max_kv_tokens:
+            return None
+        span_s = 2.0 * self.grace_s
+        # From ``from_s``, or just after an overlapping window closes (``_order`` is sorted).
+        later = (d + span_s + 1e-6 for d, _ in self._order if d + span_s >= from_s)
+        for at_s in (from_s, *later):
+            overlapping = sum(self._by_id[i].kv_tokens for d, i in self._order if abs(d - at_s) <= span_s)
+            if overlapping + kv_tokens <= max_kv_tokens:
+                return at_s
+        return None
+
+    def held(self, promise: Promise, now_s: float) -> None:
+        """The fleet has the promise's room set aside for it at ``now_s`` (the first time counts)."""
+        if promise.promise_id != LEARNT_ID:
+            self._room_at_s.setdefault(promise.promise_id, now_s)
+
+    def room_at_s(self, promise: Promise) -> float | None:
+        """When the promise's room was first held for it; None while it has not been."""
+        return self._room_at_s.get(promise.promise_id)
 
     def returning(self, request: AdmissionRequest) -> Promise | None:
         """The promise ``request`` comes back to claim: booked under its key, and the request is a
@@ -178,6 +243,7 @@ class PromiseBook:
         del self._order[index]
         self.kv_tokens -= promise.kv_tokens
         self._add_sums(promise, -1)
+        self._room_at_s.pop(promise.promise_id, None)
 
     def expire(self, now_s: float) -> int:
         """Release promises whose claim window closed before ``now_s``; how many."""
@@ -188,7 +254,11 @@ class PromiseBook:
                 del self._learnt[key]
         released = 0
         while self._order and self._order[0][0] + self.grace_s < now_s:
-            self.remove(self._by_id[self._order[0][1]])
+            promise = self._by_id[self._order[0][1]]
+            room_at_s = self._room_at_s.get(promise.promise_id)
+            if room_at_s is not None:
+                self.counts.errors.observe(room_at_s - promise.due_s)
+            self.remove(promise)
             released += 1
         self.counts.lapsed += released
         return released

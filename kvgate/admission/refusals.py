@@ -16,7 +16,7 @@ from kvgate.admission.deadline import WaitBound
 from kvgate.admission.decision import Refusal, RefusalReason
 from kvgate.admission.queue import QueueStats
 from kvgate.admission.retry_after import retry_after
-from kvgate.admission.tenants import Tenant
+from kvgate.admission.tenants import RequestLimit, Tenant
 from kvgate.config.admission import AdmissionConfig
 from kvgate.vocabulary.snapshot import FleetSnapshot
 
@@ -49,12 +49,27 @@ def over_budget(tenant: Tenant, kv_tokens: int, wait_s: float, config: Admission
     return _come_back(429, RefusalReason.TENANT_BUDGET, text, wait_s, config)
 
 
+def over_request_limit(tenant: Tenant, limit: RequestLimit, config: AdmissionConfig) -> Refusal:
+    """A tenant over its requests per minute or its requests at once
+    (``kvgate.admission.tenants.TenantDirectory.open_request``)."""
+    if limit.concurrent:
+        text = (
+            f"Tenant '{tenant.name}' already has {tenant.max_concurrent_requests} requests in flight, "
+            "its limit of concurrent requests."
+        )
+        return _come_back(429, RefusalReason.TENANT_CONCURRENCY, text, limit.wait_s, config)
+    text = f"Tenant '{tenant.name}' is over its limit of {tenant.requests_per_min} requests per minute."
+    return _come_back(429, RefusalReason.TENANT_REQUESTS, text, limit.wait_s, config)
+
+
 def queue_full(stats: QueueStats, expected_s: float, config: AdmissionConfig) -> Refusal:
+    """The queue's bounds are reached, so no place is promised either: the wait is a forecast the
+    gateway cannot stand behind (``x-should-retry: false``)."""
     text = (
         f"The admission queue is full ({stats.requests} requests, {stats.kv_tokens} tokens queued, "
         f"{stats.promised_requests} promised)."
     )
-    return _come_back(429, RefusalReason.QUEUE_FULL, text, expected_s, config)
+    return _come_back(429, RefusalReason.QUEUE_FULL, text, expected_s, config, promised=False)
 
 
 def place_held(model: str, due_in_s: float, config: AdmissionConfig) -> Refusal:
@@ -67,11 +82,17 @@ def place_held(model: str, due_in_s: float, config: AdmissionConfig) -> Refusal:
 
 
 def overload(
-    model: str, expected_s: float, budget_s: float, bound: WaitBound, config: AdmissionConfig
+    model: str,
+    expected_s: float,
+    budget_s: float,
+    bound: WaitBound,
+    config: AdmissionConfig,
+    promised: bool = True,
 ) -> Refusal:
     """The expected wait is longer than the request may wait: the queue's limit (``kv_capacity``),
     its client's timeout when that is shorter (``deadline``), or its time-to-first-token objective
-    (its tenant's, else its model's) less its own prefill when that is shorter still (``ttft_slo``)."""
+    (its tenant's, else its model's) less its own prefill when that is shorter still (``ttft_slo``).
+    ``promised``: room is held for it at that time; if not, it is told not to retry."""
     wait = (
         f"about {expected_s:.1f} s"
         if math.isfinite(expected_s)
@@ -92,7 +113,7 @@ def overload(
             f"The servers for '{model}' are at KV-cache capacity: the expected wait ({wait}) "
             f"exceeds the {budget_s:.1f} s queue limit."
         )
-    return _come_back(429, bound.value, text, expected_s, config)
+    return _come_back(429, bound.value, text, expected_s, config, promised)
 
 
 def decode_full(model: str, expected_s: float, config: AdmissionConfig) -> Refusal:
@@ -120,8 +141,13 @@ def no_replica(message: str, wait_s: float, config: AdmissionConfig) -> Refusal:
 
 
 def _come_back(
-    status: int, reason: RefusalReason, text: str, wait_s: float, config: AdmissionConfig
+    status: int,
+    reason: RefusalReason,
+    text: str,
+    wait_s: float,
+    config: AdmissionConfig,
+    promised: bool = True,
 ) -> Refusal:
     """A refusal that says when to come back: the capped hint, in the headers and the message."""
-    hint = retry_after(wait_s, config.retry_after_cap_s)
+    hint = retry_after(wait_s, config.retry_after_cap_s, promised)
     return Refusal(status, reason, f"{text} Retry after {hint.seconds} s.", hint)

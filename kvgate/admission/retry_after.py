@@ -16,7 +16,9 @@ official SDKs honour. openai-python retries after ``retry-after-ms``/``Retry-Aft
 most 8 s, hammering the gateway) and 120 s in current ones (which otherwise do not retry at all). A
 longer estimate is sent as the cap with ``x-should-retry: false`` (which the openai SDKs obey): the
 honest wait is longer than a client waits, so the gateway says so rather than promise a slot it
-cannot keep.
+cannot keep. So is an estimate behind which no room is held (``promised=False``: the request could
+not be recognised coming back, or the promises' share of the fleet is taken): room that frees then
+goes to whoever asks first, so the number is a forecast, not a time the gateway can stand behind.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ class RetryAfter:
     expected_s: float
     """The uncapped estimate (may be ``inf``): for metrics and logs, not for headers."""
     honest: bool = True
-    """The estimate is within the cap: a client that comes back then should get in. False when the
-    honest wait is longer than clients wait, which the headers say with ``x-should-retry: false``."""
+    """The gateway stands behind the time: within the cap, with room held for the client coming
+    back. False when the honest wait is longer than clients wait or no room is held, which the
+    headers say with ``x-should-retry: false``."""
 
     def headers(self) -> dict[str, str]:
         headers = {"retry-after": str(self.seconds), "retry-after-ms": str(self.milliseconds)}
@@ -85,11 +88,11 @@ class RetryAfter:
         return headers
 
 
-def retry_after(expected_s: float, cap_s: float) -> RetryAfter:
+def retry_after(expected_s: float, cap_s: float, promised: bool = True) -> RetryAfter:
     capped_s = min(max(expected_s, 0.001), cap_s)
     milliseconds = max(1, math.ceil(round(capped_s * 1000.0, 6)))
     seconds = max(1, math.ceil(milliseconds / 1000.0))
-    return RetryAfter(seconds, milliseconds, expected_s, expected_s <= cap_s)
+    return RetryAfter(seconds, milliseconds, expected_s, promised and expected_s <= cap_s)
 
 
 def completions_s(resident: Sequence[ResidentWork], rates: ServiceRates) -> tuple[tuple[float, int], ...]:

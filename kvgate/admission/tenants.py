@@ -1,4 +1,4 @@
-"""Who is asking, how much they count, and how many tokens per minute they may spend.
+"""Who is asking, how much they count, and how many tokens and requests they may spend.
 
 An API key (``auth.tenants``) maps to a tenant with a weight (its share of contended capacity, in
 tokens), a priority class and an optional budget in tokens per minute (``admission.tenants``).
@@ -8,13 +8,20 @@ minute of budget, and a request larger than the whole bucket passes only when th
 keys fall to the anonymous tenant when auth is off and to ``None`` (the edge answers 401) when it
 is on.
 
+Besides tokens, a tenant may be held to requests per minute (a bucket of requests, on every
+served route whatever it costs) and to requests at once (queued or served), checked when a
+request is priced (``open_request``) and given back when it ends (``close_request``, exactly once
+per request that was let in).
+
 Behind one Service, N gateways each keep a bucket of 1/N of every budget (``share``), as a
 distributed rate limiter's local buckets do: the Service spreads a tenant's requests over the
 gateways, so together they hold it to its budget, not to N times it, without a round trip per request.
+The same share holds requests per minute, and requests at once (rounded up, at least one).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -32,10 +39,33 @@ class Tenant:
     ttft_slo_s: float | None = None
     """The tenant's own time-to-first-token objective, in place of the model's
     (``kvgate.admission.deadline``)."""
+    requests_per_min: int | None = None
+    max_concurrent_requests: int | None = None
 
     @classmethod
     def from_config(cls, config: TenantConfig) -> Tenant:
-        return cls(config.name, config.weight, config.priority, config.tokens_per_min, config.ttft_slo_s)
+        return cls(
+            config.name,
+            config.weight,
+            config.priority,
+            config.tokens_per_min,
+            config.ttft_slo_s,
+            config.requests_per_min,
+            config.max_concurrent_requests,
+        )
+
+    @property
+    def limits_requests(self) -> bool:
+        return self.requests_per_min is not None or self.max_concurrent_requests is not None
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimit:
+    """Why a tenant's request was not let in: its requests at once (``concurrent``) or per minute,
+    and the seconds until one more would be."""
+
+    concurrent: bool
+    wait_s: float
 
 
 class TokenBucket:
@@ -101,6 +131,9 @@ class TenantDirectory:
             for key in keys.api_keys:
                 self._by_key[key.get_secret_value()] = tenant
         self._buckets: dict[str, TokenBucket] = {}
+        self._request_buckets: dict[str, TokenBucket] = {}
+        self.in_flight: dict[str, int] = {}
+        """Requests of each request-limited tenant let in and not yet closed."""
         self._fraction = 1.0
         """This gateway's share of every budget: 1/N of N gateways (``share``)."""
 
@@ -110,7 +143,7 @@ class TenantDirectory:
         if fraction == self._fraction:
             return
         self._fraction = fraction
-        for bucket in self._buckets.values():
+        for bucket in (*self._buckets.values(), *self._request_buckets.values()):
             bucket.rescale(fraction, now_s)
 
     def identify(self, api_key: str | None) -> Tenant | None:
@@ -130,6 +163,37 @@ class TenantDirectory:
         bucket = self._buckets.get(tenant.name)
         if bucket is not None and tokens > 0:
             bucket.refund(tokens)
+
+    def open_request(self, tenant: Tenant, now_s: float) -> RequestLimit | None:
+        """Let one request of ``tenant`` in (None), or say which limit holds it back and for how
+        long; a tenant without request limits costs one attribute read."""
+        if not tenant.limits_requests:
+            return None
+        name = tenant.name
+        at_once = self.in_flight.get(name, 0)
+        concurrent = tenant.max_concurrent_requests
+        if concurrent is not None and at_once >= max(1, math.ceil(concurrent * self._fraction)):
+            return RequestLimit(True, 1.0)
+        if tenant.requests_per_min is not None:
+            bucket = self._request_buckets.get(name)
+            if bucket is None:
+                bucket = self._request_buckets[name] = TokenBucket(tenant.requests_per_min, now_s)
+                if self._fraction != 1.0:
+                    bucket.rescale(self._fraction, now_s)
+            wait_s = bucket.take(1, now_s)
+            if wait_s > 0.0:
+                return RequestLimit(False, wait_s)
+        self.in_flight[name] = at_once + 1
+        return None
+
+    def close_request(self, tenant: Tenant) -> None:
+        """A request ``open_request`` let in has ended."""
+        if tenant.limits_requests:
+            left = self.in_flight.get(tenant.name, 0) - 1
+            if left > 0:
+                self.in_flight[tenant.name] = left
+            else:
+                self.in_flight.pop(tenant.name, None)
 
     def tenants(self) -> Iterable[Tenant]:
         return {t.name: t for t in (self.anonymous, *self._by_key.values())}.values()

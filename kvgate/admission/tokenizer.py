@@ -77,6 +77,78 @@ class ChatTemplate:
         return "".join(parts)
 
 
+@dataclass(frozen=True, slots=True)
+class JinjaChatTemplate(ChatTemplate):
+    """A model's own chat template: the Jinja source its ``tokenizer_config.json`` carries
+    (``chat_template``), rendered as vLLM and ``transformers`` render it (a sandboxed environment
+    with ``trim_blocks`` and ``lstrip_blocks``, ``add_generation_prompt=True``, the ``bos_token``
+    and ``eos_token`` of the same file). Each message's content is given as its text. A conversation
+    the template refuses (``raise_exception``, say roles that do not alternate) is counted with the
+    framing of ``ChatTemplate`` instead: the replica, not the gateway, answers it."""
+
+    source: str = ""
+    bos_token: str = ""
+    eos_token: str = ""
+    compiled: Any = None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> JinjaChatTemplate:
+        """``path``: a ``tokenizer_config.json`` (its ``chat_template``, the ``default`` one of a
+        list) or a file of Jinja source (``.jinja``, as vLLM's ``--chat-template`` takes)."""
+        import json
+
+        text = Path(path).read_text(encoding="utf-8")
+        if not str(path).endswith(".json"):
+            return cls.from_source(text)
+        config = json.loads(text)
+        template = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default")
+        if not isinstance(template, str) or not template:
+            raise ValueError(f"{path} has no chat_template")
+        bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
+        return cls.from_source(template, bos, eos)
+
+    @classmethod
+    def from_source(cls, source: str, bos_token: str = "", eos_token: str = "") -> JinjaChatTemplate:
+        try:
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+        except ImportError as exc:
+            raise ImportError(
+                "a Jinja chat template needs the 'jinja2' package: pip install 'kvgate[hf]'"
+            ) from exc
+
+        def raise_exception(message: str) -> None:
+            raise _TemplateRefusal(message)
+
+        environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        environment.globals["raise_exception"] = raise_exception
+        compiled = environment.from_string(source)
+        return cls(source=source, bos_token=bos_token, eos_token=eos_token, compiled=compiled)
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        texts = [{**message, "content": message_text(message.get("content"))} for message in messages]
+        try:
+            rendered: str = self.compiled.render(
+                messages=texts, add_generation_prompt=True, bos_token=self.bos_token, eos_token=self.eos_token
+            )
+        except Exception:  # a template's own refusal or a conversation it cannot render
+            return ChatTemplate.render(self, messages)
+        return rendered
+
+
+class _TemplateRefusal(Exception):
+    pass
+
+
+def _token_text(token: Any) -> str:
+    """A special token of ``tokenizer_config.json``: text, or ``{"content": text, ...}``."""
+    if isinstance(token, dict):
+        token = token.get("content")
+    return token if isinstance(token, str) else ""
+
+
 def message_text(content: Any) -> str:
     """The text of an OpenAI message ``content``: a string, or a list of typed parts."""
     if content is None:
@@ -255,9 +327,16 @@ class HuggingFaceTokenizer:
             from tokenizers import Tokenizer as _HFTokenizer
         except ImportError as exc:
             raise ImportError(
-                f"tokenizer kind 'hf' ({path}) needs the 'tokenizers' package: pip install 'kvgate[hf]'"
+                f"tokenizer kind 'huggingface' ({path}) needs the 'tokenizers' package: "
+                "pip install 'kvgate[hf]'"
             ) from exc
-        return cls(_HFTokenizer.from_file(str(path)), Path(path).name)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        try:
+            tokenizer = _HFTokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust loader raises a bare Exception
+            raise ValueError(f"{path} is not a Hugging Face tokenizer.json: {exc}") from None
+        return cls(tokenizer, Path(path).name)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tokenizer.encode(text, add_special_tokens=False).ids)

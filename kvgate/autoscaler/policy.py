@@ -52,6 +52,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from kvgate.autoscaler.forecast import Forecaster, scheduled_replicas
 from kvgate.autoscaler.recommendation import (
     HOLD,
     HOLD_COLD_START,
@@ -60,7 +61,9 @@ from kvgate.autoscaler.recommendation import (
     MIN_REPLICAS,
     SCALE_IN_IDLE,
     SCALE_IN_TOKEN_RATE,
+    SCALE_OUT_FORECAST,
     SCALE_OUT_KV,
+    SCALE_OUT_SCHEDULE,
     SCALE_OUT_SEQUENCES,
     SCALE_OUT_TOKEN_RATE,
     Recommendation,
@@ -125,6 +128,9 @@ class PoolAutoscaler:
         self._changed_s = -math.inf
         self._turned_s = -math.inf
         """When a change last went the other way from the one before."""
+        self._lead_s = policy.forecast.lead_s or policy.cold_start_s
+        self._forecaster = Forecaster(policy.forecast, self._lead_s) if policy.forecast.enabled else None
+        self._last_queued: tuple[float, int] | None = None
 
     def update(self, s: PoolSignals) -> Recommendation:
         p = self.policy
@@ -184,13 +190,47 @@ class PoolAutoscaler:
             # The last change was a step out that undid a step in: a step in now would turn the
             # fleet twice within one stabilisation window.
             desired, reason = base, HOLD_STABILIZING
+        forecast, error = self._foresee(s)
+        scheduled = scheduled_replicas(p.forecast, now_s, self._lead_s)
+        foreseen = max(scheduled, math.ceil(forecast - 1e-9) if forecast is not None else 0)
+        if foreseen > desired:
+            # Foresight is an input, never an answer below the present's: it only lifts the ask.
+            desired, reason = foreseen, SCALE_OUT_SCHEDULE if scheduled == foreseen else SCALE_OUT_FORECAST
+        if forecast is not None:
+            detail += f" forecast={forecast:.2f}"
         if desired > p.max_replicas:
             desired, reason = p.max_replicas, MAX_REPLICAS
         if desired < p.min_replicas or (reason == HOLD and s.replicas_current < desired == p.min_replicas):
             # Also while the pool is still coming up to the floor: that is what holds it there.
             desired, reason = p.min_replicas, MIN_REPLICAS
         self._record(desired, s.replicas_current, now_s)
-        return Recommendation(self.pool, desired, reason, detail)
+        return Recommendation(self.pool, desired, reason, detail, forecast, error)
+
+    def _foresee(self, s: PoolSignals) -> tuple[float | None, float | None]:
+        """The forecast of demand over the lead (None when off or without history) and the error of
+        the latest forecast whose lead has passed, both in replicas."""
+        previous, self._last_queued = self._last_queued, (s.time_s, s.prompt_tokens_queued)
+        if self._forecaster is None:
+            return None, None
+        self._forecaster.observe(s.time_s, self._demand(s, previous))
+        return self._forecaster.forecast(s.time_s), self._forecaster.last_error_replicas
+
+    def _demand(self, s: PoolSignals, previous: tuple[float, int] | None) -> float:
+        """Replicas the present demand needs at the targets, as the forecast learns it: the served
+        rates plus the arrivals left waiting (the growth of the prompt tokens waiting since the
+        previous sample, whatever the policy's windows), or the KV in use under the full mark,
+        whichever needs more; no projection, no backlog (the profile is of demand, not of the
+        fleet's shortfall)."""
+        p = self.policy
+        unserved = 0.0
+        if previous is not None and s.time_s > previous[0]:
+            unserved = max(0.0, (s.prompt_tokens_queued - previous[1]) / (s.time_s - previous[0]))
+        output = s.output_tokens_per_s
+        if s.prompt_tokens_per_s > 0:
+            output *= 1 + unserved / s.prompt_tokens_per_s
+        share = self._share(s, s.prompt_tokens_per_s + unserved, output)
+        kv = s.kv_occupancy_ratio * s.replicas_ready / p.scale_out_occupancy_ratio
+        return max(kv, share / p.target_utilization_ratio if share is not None else 0.0)
 
     def _settle(self, s: PoolSignals) -> None:
         if self._settled_s is None and (

@@ -11,6 +11,8 @@ SCALE_OUT_QUEUE_WAIT = "scale_out_queue_wait"
 SCALE_OUT_TOKEN_RATE = "scale_out_token_rate"
 SCALE_OUT_SEQUENCES = "scale_out_sequences"
 SCALE_OUT_KV = "scale_out_kv"
+SCALE_OUT_FORECAST = "scale_out_forecast"
+SCALE_OUT_SCHEDULE = "scale_out_schedule"
 SCALE_IN_IDLE = "scale_in_idle"
 SCALE_IN_TOKEN_RATE = "scale_in_token_rate"
 HOLD = "hold"
@@ -26,6 +28,8 @@ REASONS = (
     SCALE_OUT_TOKEN_RATE,
     SCALE_OUT_SEQUENCES,
     SCALE_OUT_KV,
+    SCALE_OUT_FORECAST,
+    SCALE_OUT_SCHEDULE,
     SCALE_IN_IDLE,
     SCALE_IN_TOKEN_RATE,
     HOLD,
@@ -44,3 +48,7 @@ class Recommendation:
     """One of ``REASONS``: bounded, so it can be a metric label."""
     detail: str = ""
     """The numbers behind the decision, for logs and humans."""
+    forecast_replicas: float | None = None
+    """Demand the forecast expects over the lead, in replicas (None: forecast off or no history)."""
+    forecast_error_replicas: float | None = None
+    """The latest forecast whose lead has passed minus the most demand that came over it, in replicas."""

@@ -7,7 +7,10 @@ tester."""
 from __future__ import annotations
 
 import argparse
+import functools
+import logging
 import os
+from collections.abc import Callable
 
 from kvgate.cli.command import CommandError, warning
 from kvgate.config.gateway import GatewayConfig
@@ -20,6 +23,12 @@ def register_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParse
     parser.add_argument("--host", default=None, help="address to listen on (overrides server.host)")
     parser.add_argument("--port", type=int, default=None, help="port to listen on (overrides server.port)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "text"],
+        help="every line the process writes on stderr: one JSON object (default), or text for a terminal",
+    )
     parser.set_defaults(run=_serve, prog=parser.prog)
 
 
@@ -28,24 +37,72 @@ def register_config(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     actions = parser.add_subparsers(dest="config_command", required=True)
     check = actions.add_parser("check", help="validate a config file, listing every problem")
     check.add_argument("file")
+    check.add_argument(
+        "--no-secrets",
+        action="store_true",
+        help="open no *_file secret (CI, where they are not mounted); every other rule still runs",
+    )
     check.set_defaults(run=_config_check, prog=check.prog)
+    reference = actions.add_parser(
+        "reference", help="print the generated reference of the admission, routing and autoscaler sections"
+    )
+    reference.set_defaults(run=_config_reference, prog=reference.prog)
 
 
-def load(path: str, environ: dict[str, str] | None = None, warn: Warn = log_warning) -> GatewayConfig:
+def _config_reference(args: argparse.Namespace) -> int:
+    from kvgate.config.reference import render
+
+    print(render(), end="")
+    return 0
+
+
+def load(
+    path: str, environ: dict[str, str] | None = None, warn: Warn = log_warning, read_secrets: bool = True
+) -> GatewayConfig:
+    """The config in ``path``, with every model's tokeniser and chat template loaded once, as the
+    gateway will load them: a file that passes here starts."""
     try:
-        return load_config(path, environ, warn)
+        config = load_config(path, environ, warn, read_secrets)
     except ConfigError as exc:
         raise CommandError(str(exc)) from None
+    problems = counting_problems(config)
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise CommandError(f"invalid config {path}: {len(problems)} problem(s)\n{lines}")
+    return config
+
+
+def counting_problems(config: GatewayConfig) -> list[str]:
+    """Why a model's prompts could not be counted: a tokeniser or chat template that does not load
+    (a missing file, a missing extra), one line per model."""
+    from kvgate.admission.counting import template_for, tokenizer_for
+
+    problems = []
+    for i, model in enumerate(config.models):
+        loaders: list[tuple[str, Callable[[], object]]] = [
+            ("tokenizer", functools.partial(tokenizer_for, model.tokenizer)),
+            ("chat_template", functools.partial(template_for, model.chat_template)),
+        ]
+        for part, build in loaders:
+            try:
+                build()
+            except Exception as exc:  # every way a third-party loader fails is a config problem
+                problems.append(f"models.{i}.{part} ({model.name}): {exc}")
+    return problems
 
 
 def _config_check(args: argparse.Namespace) -> int:
     """An old key still read is a warning line of the check's own, besides the summary."""
-    config = load(args.file, warn=lambda message: warning(args.prog, message))
+    config = load(
+        args.file, warn=lambda message: warning(args.prog, message), read_secrets=not args.no_secrets
+    )
     replicas = sum(len(p.replicas) for p in config.pools)
     dns = sum(1 for p in config.pools if p.dns is not None)
+    kubernetes = sum(1 for p in config.pools if p.kubernetes is not None)
+    found_by_api = f", {kubernetes} Kubernetes pool(s)" if kubernetes else ""
     print(
         f"{args.file}: ok ({len(config.models)} model(s), {len(config.pools)} pool(s), "
-        f"{replicas} static replica(s), {dns} DNS pool(s))"
+        f"{replicas} static replica(s), {dns} DNS pool(s){found_by_api})"
     )
     for model in config.models:
         if config.disaggregated(model.name):
@@ -61,16 +118,26 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Flags win over ``KVGATE_SERVER__*`` variables, which win over the file."""
+    """Flags win over ``KVGATE_SERVER__*`` variables, which win over the file. From the first line
+    on, everything goes through logging in one format (``kvgate.cli.logs``), a refusal to start
+    included."""
+    from kvgate.cli.logs import configure
     from kvgate.gateway.edge.server import serve
 
+    configure(args.log_format, args.log_level)
     environ = dict(os.environ)
     if args.host is not None:
         environ["KVGATE_SERVER__HOST"] = args.host
     if args.port is not None:
         environ["KVGATE_SERVER__PORT"] = str(args.port)
-    config = load(args.config, environ)
-    check_listen(config.server.host, config.server.port)
+    try:
+        config = load(args.config, environ)
+        check_listen(config.server.host, config.server.port)
+    except CommandError as exc:
+        if args.log_format == "text":
+            raise
+        logging.getLogger("kvgate.serve").error("cannot start: %s", exc)
+        return exc.status
     serve(config, log_level=args.log_level)
     return 0
 

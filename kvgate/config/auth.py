@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from kvgate.config.base import Frozen
 from kvgate.config.secrets import digits_as_text, read_secret_files
@@ -44,8 +44,8 @@ class TenantKeys(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _read_secret_files(cls, data: Any) -> Any:
-        return read_secret_files(data, (), lists=("api_keys",))
+    def _read_secret_files(cls, data: Any, info: ValidationInfo) -> Any:
+        return read_secret_files(data, (), lists=("api_keys",), info=info)
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -79,8 +79,8 @@ class AdminAccess(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _read_secret_files(cls, data: Any) -> Any:
-        return read_secret_files(data, cls.SECRETS)
+    def _read_secret_files(cls, data: Any, info: ValidationInfo) -> Any:
+        return read_secret_files(data, cls.SECRETS, info=info)
 
     @field_validator("admin_token", mode="before")
     @classmethod

@@ -9,9 +9,112 @@ whole policy for named pools; every other pool uses ``policy``.
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import re
+
+from pydantic import Field, field_validator, model_validator
 
 from kvgate.config.base import Frozen
+
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
+
+
+class ScheduleWindow(Frozen):
+    """Fewest replicas during a window of the week, in UTC: an operator's foresight, cron-like."""
+
+    days: str = Field(
+        default="mon-sun",
+        description="Weekdays of the window: names, ranges, commas or *. Default mon-sun. Example: mon-fri",
+    )
+    start: str = Field(description="Start of the window, HH:MM UTC. Example: 08:30")
+    end: str = Field(
+        description="End of the window, HH:MM UTC; at or before start, it ends the next day. Example: 18:00"
+    )
+    min_replicas: int = Field(ge=0, description="Fewest replicas within the window. Example: 6")
+
+    @field_validator("start", "end")
+    @classmethod
+    def _clock_time(cls, value: str) -> str:
+        if not re.fullmatch(r"([01]\d|2[0-3]):[0-5]\d", value):
+            raise ValueError(f"expected HH:MM (UTC), got {value!r}")
+        return value
+
+    @field_validator("days")
+    @classmethod
+    def _weekdays(cls, value: str) -> str:
+        weekdays(value)
+        return value
+
+
+def weekdays(spec: str) -> frozenset[int]:
+    """Weekday numbers (Monday 0) of a spec such as ``mon-fri``, ``sat,sun`` or ``*``."""
+    if spec.strip() == "*":
+        return frozenset(range(7))
+    out: set[int] = set()
+    for part in spec.lower().split(","):
+        first, _, last = part.strip().partition("-")
+        if first not in WEEKDAYS or (last and last not in WEEKDAYS):
+            raise ValueError(f"unknown weekday in {spec!r}; use {', '.join(WEEKDAYS)}, ranges or *")
+        a, b = WEEKDAYS.index(first), WEEKDAYS.index(last or first)
+        out.update(range(a, b + 1) if a <= b else [*range(a, 7), *range(b + 1)])
+    return frozenset(out)
+
+
+class ForecastPolicy(Frozen):
+    """Foresight the policy takes as an input, never below what the present signals ask: the demand
+    forecast from the pool's own history, and an operator's schedule of fewest replicas."""
+
+    enabled: bool = Field(
+        default=False,
+        description=(
+            "Forecast the pool's demand over the lead from a seasonal profile of its own history (by "
+            "time of day and of week) and ask for it ahead. Default false. Example: true"
+        ),
+    )
+    season_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description=(
+            "Period of the demand's daily cycle, seconds; a weekly profile at seven of them is preferred "
+            "once it has history. Default 86400. Example: 86400"
+        ),
+    )
+    bucket_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Width of one slot of the seasonal profile, seconds. Default 300. Example: 60",
+    )
+    lead_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "How far ahead the forecast and the schedule ask, seconds; None: cold_start_s. Default None. "
+            "Example: 180"
+        ),
+    )
+    smoothing_ratio: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description=(
+            "Weight of the latest season in each slot of the profile (the rest is the seasons before), "
+            "0..1. Default 0.5. Example: 0.3"
+        ),
+    )
+    trend_window_s: float = Field(
+        default=120.0,
+        gt=0,
+        description=(
+            "Seconds of recent demand whose least-squares line gives the short-term level the forecast "
+            "moves from. Default 120. Example: 300"
+        ),
+    )
+    schedule: tuple[ScheduleWindow, ...] = Field(
+        default=(),
+        description=(
+            "Windows of fewest replicas, asked lead_s ahead, forecast on or off. Default (). Example: "
+            "[{days: mon-fri, start: '08:30', end: '18:00', min_replicas: 6}]"
+        ),
+    )
 
 
 class PoolPolicy(Frozen):
@@ -173,6 +276,10 @@ class PoolPolicy(Frozen):
         default=60.0,
         gt=0,
         description="Seconds over which the token-rate growth is measured. Default 60. Example: 30",
+    )
+    forecast: ForecastPolicy = Field(
+        default_factory=ForecastPolicy,
+        description="Foresight: a learned demand forecast (off by default), a schedule of fewest replicas.",
     )
 
     @model_validator(mode="after")

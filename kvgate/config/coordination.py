@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from kvgate.config.base import Frozen
 from kvgate.config.secrets import read_secret_files
@@ -65,8 +65,8 @@ class Coordination(Frozen):
 
     @model_validator(mode="before")
     @classmethod
-    def _read_secret_files(cls, data: Any) -> Any:
-        return read_secret_files(data, ("redis_url",))
+    def _read_secret_files(cls, data: Any, info: ValidationInfo) -> Any:
+        return read_secret_files(data, ("redis_url",), info=info)
 
     @field_validator("redis_url")
     @classmethod

@@ -3,8 +3,10 @@
 A config is read once at start-up (``kvgate.config.loader``) and handed out section by section;
 nothing mutates it afterwards. Each section lives in its own module, which the root only gathers;
 what is checked here is what no one section can see: unique model and pool names, pools naming
-configured models, every disaggregated model served by both halves of a prefill/decode pair, and
-every tenant admission prices identified by some key of auth's.
+configured models, every disaggregated model served by both halves of a prefill/decode pair,
+every tenant admission prices identified by some key of auth's, and every entry keyed by a model
+(``admission.models``) or a pool (``autoscaler.pools``) naming one that is configured: a misspelt
+key would otherwise leave its model or pool on the defaults without a word.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from kvgate.config.base import Frozen
 from kvgate.config.coordination import Coordination
 from kvgate.config.health import Health
 from kvgate.config.models import Model
-from kvgate.config.observability import AccessLog, Tracing
+from kvgate.config.observability import AccessLog, Metrics, Tracing
 from kvgate.config.pools import Pool
 from kvgate.config.routing import RoutingConfig
 from kvgate.config.server import Server
@@ -56,6 +58,10 @@ class GatewayConfig(Frozen):
         default_factory=AccessLog,
         description="One line per completion request on stderr: format and sampling.",
     )
+    metrics: Metrics = Field(
+        default_factory=Metrics,
+        description="What /metrics labels its per-request series with: the optional tenant label.",
+    )
     tracing: Tracing = Field(
         default_factory=Tracing,
         description="OpenTelemetry tracing of the completion routes (the otel extra). Default off.",
@@ -71,6 +77,11 @@ class GatewayConfig(Frozen):
         names = [m.name for m in self.models]
         if len(set(names)) != len(names):
             problems.append(f"models: duplicate model names in {names}")
+        aliases = [alias for m in self.models for alias in m.aliases]
+        public = [*names, *aliases]
+        clashing = sorted({alias for alias in aliases if public.count(alias) > 1})
+        if clashing:
+            problems.append(f"models: aliases {clashing} name more than one model, or a model itself")
         pool_names = [p.name for p in self.pools]
         if len(set(pool_names)) != len(pool_names):
             problems.append(f"pools: duplicate pool names in {pool_names}")
@@ -80,6 +91,19 @@ class GatewayConfig(Frozen):
                 problems.append(f"pools.{pool.name}.models: {unknown} are not configured models {names}")
         for name in names:
             problems.extend(_incomplete_pair(name, self.serving(name)))
+        for model in self.admission.models:
+            if model not in names:
+                problems.append(
+                    f"admission.models.{model}: not a configured model {names}, so these rules "
+                    "would apply to no request"
+                )
+        if self.autoscaler is not None:
+            for pool_name in self.autoscaler.pools:
+                if pool_name not in pool_names:
+                    problems.append(
+                        f"autoscaler.pools.{pool_name}: not a configured pool {pool_names}, so this "
+                        "policy would scale nothing"
+                    )
         keyed = {tenant.name for tenant in self.auth.tenants}
         for tenant in self.admission.tenants:
             if tenant.name not in keyed:

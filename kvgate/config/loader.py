@@ -26,6 +26,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 
 from kvgate.config.gateway import GatewayConfig
 from kvgate.config.renames import move_old_keys
+from kvgate.config.secrets import READ_SECRETS
 
 ENV_PREFIX = "KVGATE_"
 ENV_SEPARATOR = "__"
@@ -105,12 +106,17 @@ class ConfigError(ValueError):
 
 
 def load_config(
-    path: str | Path | None = None, environ: Mapping[str, str] | None = None, warn: Warn = log_warning
+    path: str | Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    warn: Warn = log_warning,
+    read_secrets: bool = True,
 ) -> GatewayConfig:
     """Read ``path`` (YAML; none means an empty document), apply overrides from ``environ``
-    (default ``os.environ``) and validate; ``warn`` gets one line per old key still read."""
+    (default ``os.environ``) and validate; ``warn`` gets one line per old key still read.
+    ``read_secrets=False`` opens no secret file (``kvgate.config.secrets``): a check of the file
+    where its secrets are not mounted."""
     return parse_config(
-        read_document(path), os.environ if environ is None else environ, source_of(path), warn
+        read_document(path), os.environ if environ is None else environ, source_of(path), warn, read_secrets
     )
 
 
@@ -137,13 +143,22 @@ def read_document(path: str | Path | None) -> dict[str, Any]:
 
 
 def parse_config(
-    data: Mapping[str, Any], environ: Mapping[str, str], source: str = "<config>", warn: Warn = log_warning
+    data: Mapping[str, Any],
+    environ: Mapping[str, str],
+    source: str = "<config>",
+    warn: Warn = log_warning,
+    read_secrets: bool = True,
 ) -> GatewayConfig:
-    return parse_as(GatewayConfig, data, environ, source, warn)
+    return parse_as(GatewayConfig, data, environ, source, warn, read_secrets)
 
 
 def parse_as(
-    view: type[View], data: Mapping[str, Any], environ: Mapping[str, str], source: str, warn: Warn
+    view: type[View],
+    data: Mapping[str, Any],
+    environ: Mapping[str, str],
+    source: str,
+    warn: Warn,
+    read_secrets: bool = True,
 ) -> View:
     """``data`` with the overrides of ``environ`` and its old keys moved (``kvgate.config.renames``),
     validated as ``view``: ``GatewayConfig``, or the part of it that one command reads, whose
@@ -155,7 +170,9 @@ def parse_as(
         warn(line)
     problems.extend(ConfigProblem(c.old, NOT_SHOWN, c.message, None) for c in renamed.clashes)
     try:
-        config = view.model_validate(_read_by(merged, view, GatewayConfig))
+        config = view.model_validate(
+            _read_by(merged, view, GatewayConfig), context={READ_SECRETS: read_secrets}
+        )
     except ValidationError as exc:
         problems.extend(_problems(exc))
         raise ConfigError(source, problems) from None

@@ -65,6 +65,22 @@ class ChatTemplate(Frozen):
         description="Text that primes the reply. Example: '<|start_header_id|>assistant'",
     )
     bos: str = Field(default="", description="Text once at the start. Example: '<|begin_of_text|>'")
+    file: str | None = Field(
+        default=None,
+        description=(
+            "The model's own Jinja chat template instead of the framing above: its "
+            "tokenizer_config.json (chat_template, bos_token, eos_token) or a .jinja file, as vLLM's "
+            "--chat-template takes (needs the hf extra). Default none. "
+            "Example: /models/llama/tokenizer_config.json"
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _file_or_framing(self) -> ChatTemplate:
+        framing = self.model_fields_set - {"file"}
+        if self.file is not None and framing:
+            raise ValueError(f"give file or the framing fields {sorted(framing)}, not both")
+        return self
 
 
 class Architecture(Frozen):
@@ -86,6 +102,15 @@ class Model(Frozen):
     )
     max_model_len: int = Field(
         gt=0, description="Context length in tokens (prompt + output). Example: 131072"
+    )
+    aliases: tuple[str, ...] = Field(
+        default=(),
+        description=(
+            "Other names clients may send for this model (list of text): a request naming an alias "
+            "is served as this model, its body rewritten to the served name the replicas know, and "
+            "/v1/models lists each alias. Unique across every model's names and aliases. Default "
+            "none. Example: ['gpt-4o-mini', 'llama-8b']."
+        ),
     )
     tokenizer: TokenizerConfig = Field(
         default_factory=TiktokenTokenizer, description="How prompts are counted."

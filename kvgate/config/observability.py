@@ -1,4 +1,4 @@
-"""The access_log and tracing sections: what the gateway tells about each request it served.
+"""The access_log, metrics and tracing sections: what the gateway tells about each request it served.
 
 Both are about the completion routes only. Tracing needs the optional otel extra, so enabling it
 without the extra installed fails at start-up, naming the package to install, instead of at the
@@ -38,6 +38,17 @@ class AccessLog(Frozen):
             "Share of successful requests logged, drawn per request (ratio); a refusal, an error "
             "(status 400 and above) and a request that ended early with a reason (the client left, "
             "the replica failed mid-stream) are always logged. Default 1. Example: 0.1"
+        ),
+    )
+
+
+class Metrics(Frozen):
+    tenant_label: bool = Field(
+        default=False,
+        description=(
+            "Label kvgate_responses_total with the tenant too (bounded: the tenants auth.tenants "
+            "names, and anonymous); false: the tenant label is empty, one series per code, reason, "
+            "model and route. Default false. Example: true"
         ),
     )
 

@@ -1,4 +1,6 @@
-"""What a tenant may spend: its share of contended capacity, its budget, its priority class.
+"""What a tenant may spend: its share of contended capacity, its budgets, its priority class.
+
+Budgets: tokens per minute (prompt + max output), requests per minute and requests at once.
 
 A tenant is named here and identified elsewhere: which bearer keys are which tenant is the auth
 section's (``kvgate.config.auth.TenantKeys``), so credentials and what they buy are reviewed and
@@ -52,6 +54,22 @@ class TenantConfig(Frozen):
         description=(
             "Budget of prompt + max output tokens per minute (tokens/min); none = unlimited. "
             "Default none. Example: 200000."
+        ),
+    )
+    requests_per_min: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Requests this tenant may send per minute, on every served route, whatever they cost "
+            "(requests/min); none = unlimited. Default none. Example: 600."
+        ),
+    )
+    max_concurrent_requests: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Requests of this tenant the gateway holds at once, queued or served (requests); none = "
+            "unlimited. Default none. Example: 32."
         ),
     )
     priority: PriorityClass = Field(

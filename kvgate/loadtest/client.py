@@ -4,17 +4,29 @@ The client sends a prepared body over a shared ``aiohttp`` session, parses the S
 line and records when the first content token arrived (TTFT, measured from the first attempt, so
 time spent waiting out a 429 counts against the user), the gap before every later content chunk
 (ITL), the end-to-end time and the token counts the server reports in its final ``usage`` chunk.
-With a ``RetryPolicy`` it behaves like the OpenAI SDK: on 408/409/429/5xx or a broken connection
-it waits ``retry-after-ms``, else ``retry-after`` (seconds or an HTTP date) when that is in
-(0, 60] seconds, else an exponential back-off with jitter, and it never waits past the request's
-deadline or beyond its retry budget. aiohttp is used for its low CPU per request: the generator
-must not be the bottleneck it measures.
+
+With a ``RetryPolicy`` it retries as openai-python does (``openai/_base_client.py`` and
+``openai/_constants.py`` of the installed release, 3.63): at most ``max_retries`` times
+(``DEFAULT_MAX_RETRIES = 2``), each attempt saying how many came before (``x-stainless-retry-count``).
+Whether to retry (``_should_retry``): never when the server's wait is finite and longer than the
+ceiling (``MAX_RETRY_AFTER_DELAY = 2 * 60``); else as ``x-should-retry: true`` / ``false`` says;
+else on 408, 409, 429 and 5xx; a broken connection or a timeout always. How long to wait
+(``_calculate_retry_timeout``): the server's wait when it is finite and in (0, ceiling]: read from
+``retry-after-ms``, else ``retry-after`` as seconds (``_parse_retry_after_header``: a value that is
+not a number is skipped, an overflowing one counts as past the ceiling), else ``retry-after`` as an
+HTTP date; otherwise ``min(INITIAL_RETRY_DELAY * 2 ** retries_taken, MAX_RETRY_DELAY)`` (0.5 s and
+8 s) less a random 0-25 % jitter. Releases before the 120 s ceiling (``MAX_RETRY_AFTER_DELAY = 60``)
+backed off instead of giving up past it: ``RetryPolicy.legacy()``. One difference, for a bounded
+run: a retry that would wait past the request's ``timeout_s`` (counted from its first attempt) is
+not made. aiohttp is used for its low CPU per request: the generator must not be the bottleneck it
+measures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -26,12 +38,30 @@ import orjson
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 
 
+SDK_MAX_RETRIES = 2
+"""openai-python's ``DEFAULT_MAX_RETRIES``."""
+SDK_RETRY_AFTER_CEILING_S = 120.0
+"""openai-python's ``MAX_RETRY_AFTER_DELAY`` (``2 * 60``; 60 in releases before the change)."""
+SDK_INITIAL_RETRY_DELAY_S = 0.5
+SDK_MAX_RETRY_DELAY_S = 8.0
+_INFINITIES = frozenset({"inf", "+inf", "infinity", "+infinity"})
+
+
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    max_retries: int = 2
-    max_header_wait_s: float = 60.0
-    initial_backoff_s: float = 0.5
-    max_backoff_s: float = 8.0
+    max_retries: int = SDK_MAX_RETRIES
+    max_header_wait_s: float = SDK_RETRY_AFTER_CEILING_S
+    """The longest server wait honoured (``MAX_RETRY_AFTER_DELAY``)."""
+    initial_backoff_s: float = SDK_INITIAL_RETRY_DELAY_S
+    max_backoff_s: float = SDK_MAX_RETRY_DELAY_S
+    give_up_past_ceiling: bool = True
+    """Past ``max_header_wait_s`` the current SDK does not retry; older ones backed off instead."""
+
+    @classmethod
+    def legacy(cls, max_retries: int = SDK_MAX_RETRIES) -> RetryPolicy:
+        """openai-python before the 120 s ceiling: a server wait above 60 s is ignored and the
+        client backs off for at most 8 s."""
+        return cls(max_retries, max_header_wait_s=60.0, give_up_past_ceiling=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +81,8 @@ class RequestRecord:
     completion_tokens: int
     retries: int
     wait_honoured_s: float
+    honoured_retry_after: bool = False
+    """The first retry waited the server's Retry-After (not the client's own back-off)."""
 
     @property
     def ok(self) -> bool:
@@ -79,39 +111,69 @@ class RequestRecord:
         )
 
 
-def parse_retry_after_s(headers: Mapping[str, str], now_epoch_s: float) -> float | None:
-    """Seconds the server asked us to wait: ``retry-after-ms``, then ``retry-after`` as seconds or an
-    HTTP date; ``None`` when neither header is present and parseable."""
-    millis = headers.get("retry-after-ms")
-    if millis is not None:
+def parse_retry_after_s(
+    headers: Mapping[str, str], now_epoch_s: float, ceiling_s: float = SDK_RETRY_AFTER_CEILING_S
+) -> float | None:
+    """Seconds the server asked us to wait, as ``_parse_retry_after_header`` reads them:
+    ``retry-after-ms``, then ``retry-after`` as seconds (a value that is not a number is skipped; one
+    that overflows to infinity without saying so counts as just past ``ceiling_s``), then
+    ``retry-after`` as an HTTP date; ``None`` when none of them reads."""
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
         try:
-            return float(millis) / 1000.0
+            delay = float(value)
         except ValueError:
-            pass
+            continue
+        if delay == math.inf and value.strip().lower() not in _INFINITIES:
+            return ceiling_s + 1.0
+        return delay / divisor
     value = headers.get("retry-after")
     if value is None:
         return None
     try:
-        return float(value)
-    except ValueError:
-        pass
-    parsed = email.utils.parsedate_tz(value)
-    if parsed is None:
+        parsed = email.utils.parsedate_tz(value)
+        if parsed is None:
+            return None
+        return float(email.utils.mktime_tz(parsed)) - now_epoch_s
+    except (TypeError, ValueError, OverflowError):
         return None
-    return float(email.utils.mktime_tz(parsed)) - now_epoch_s
+
+
+def honours(policy: RetryPolicy, header_wait_s: float | None) -> bool:
+    """Whether the client waits the server's time: finite and in (0, ceiling]."""
+    return (
+        header_wait_s is not None
+        and math.isfinite(header_wait_s)
+        and 0 < header_wait_s <= policy.max_header_wait_s
+    )
 
 
 def retry_wait_s(
     policy: RetryPolicy, retries_done: int, header_wait_s: float | None, rng: random.Random
 ) -> float:
-    """The server's wait when it is in (0, max_header_wait_s]; otherwise back-off with 25% jitter."""
-    if header_wait_s is not None and 0 < header_wait_s <= policy.max_header_wait_s:
+    """The server's wait when ``honours`` it; otherwise back-off with up to 25 % jitter off."""
+    if honours(policy, header_wait_s):
+        assert header_wait_s is not None
         return header_wait_s
-    backoff_s = min(policy.initial_backoff_s * 2.0**retries_done, policy.max_backoff_s)
-    return backoff_s * (1.0 - 0.25 * rng.random())
+    backoff_s = min(policy.initial_backoff_s * 2.0 ** min(retries_done, 1000), policy.max_backoff_s)
+    return max(0.0, backoff_s * (1.0 - 0.25 * rng.random()))
 
 
-def should_retry(status: int, headers: Mapping[str, str]) -> bool:
+def should_retry(
+    status: int, headers: Mapping[str, str], policy: RetryPolicy | None = None, now_epoch_s: float = 0.0
+) -> bool:
+    """Whether a failed attempt is retried (``_should_retry``): not when the server's wait is past
+    the ceiling (the current SDK; ``policy.give_up_past_ceiling``), else as ``x-should-retry``
+    says, else on 408, 409, 429 and 5xx. ``status`` 0 is a broken connection: always retried."""
+    if status == 0:
+        return True
+    policy = policy or RetryPolicy()
+    if policy.give_up_past_ceiling:
+        wait_s = parse_retry_after_s(headers, now_epoch_s, policy.max_header_wait_s)
+        if wait_s is not None and math.isfinite(wait_s) and wait_s > policy.max_header_wait_s:
+            return False
     should = headers.get("x-should-retry")
     if should == "true":
         return True
@@ -164,20 +226,31 @@ class Client:
         deadline_s = start_s + timeout_s
         retries = 0
         waited_s = 0.0
+        honoured = False
         itl_s: list[float] = []
         while True:
             itl_s.clear()
             attempt = await self._attempt(path, body, deadline_s, itl_s, retries)
             if attempt.status == 200 and attempt.error is None:
                 break
-            headers = attempt.headers or {}
-            retryable = attempt.status == 0 or should_retry(attempt.status, headers)
-            if self._retry is None or not retryable or retries >= self._retry.max_retries:
+            policy = self._retry
+            if policy is None or retries >= policy.max_retries:
                 break
-            header_wait_s = parse_retry_after_s(headers, time.time())
-            wait_s = retry_wait_s(self._retry, retries, header_wait_s, self._rng)
+            headers = attempt.headers or {}
+            now_epoch_s = time.time()
+            if not should_retry(attempt.status, headers, policy, now_epoch_s):
+                break
+            # The SDK reads no server wait after a broken connection: it backs off.
+            header_wait_s = (
+                None
+                if attempt.status == 0
+                else parse_retry_after_s(headers, now_epoch_s, policy.max_header_wait_s)
+            )
+            wait_s = retry_wait_s(policy, retries, header_wait_s, self._rng)
             if time.perf_counter() + wait_s >= deadline_s:
                 break
+            if retries == 0:
+                honoured = honours(policy, header_wait_s)
             await asyncio.sleep(wait_s)
             waited_s += wait_s
             retries += 1
@@ -196,6 +269,7 @@ class Client:
             completion_tokens=attempt.completion_tokens or attempt.chunks,
             retries=retries,
             wait_honoured_s=waited_s,
+            honoured_retry_after=honoured,
         )
 
     async def _attempt(

@@ -18,116 +18,30 @@ host tier (``cpu_offload_tokens``, vLLM's native KV offloading) every cached blo
 host memory; a prefix found only there is loaded back over the host link (``cpu_offload_bytes_per_s``,
 one load at a time) while the request waits, its GPU blocks held, and other requests run; once
 loaded it is computed from there, as vLLM's offloading connector does. Given ``BlockDigests``, the
-engine also records the KV cache events vLLM would publish (``CacheEventLog``), step by step.
+engine also records the KV cache events vLLM would publish (``CacheEventLog``), step by step. A
+sequence's own state and block chain live in ``sequence``, the host link's loads in ``host_loads``.
 The engine does no I/O and reads no clock: the same inputs always give the same steps, which is
 what lets tests and discrete-event replays drive it synchronously.
 """
 
 from __future__ import annotations
 
-import math
-import random
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from kvgate.routing.kv_events import KvEvent
 from kvgate.routing.prefix_hash import block_hashes
 from kvgate.sim.cache_events import CacheEventLog
+from kvgate.sim.host_loads import HostLoads
 from kvgate.sim.host_tier import HostTier
 from kvgate.sim.kv_cache import BlockPool
 from kvgate.sim.profile import Profile, step_duration_s
+from kvgate.sim.sequence import EngineRequest, StepResult, natural_length_tokens
 from kvgate.sim.stats import EngineStats
 from kvgate.sim.vllm_block_hash import BlockDigests
 
-
-@dataclass(slots=True, eq=False)
-class EngineRequest:
-    """One sequence in the engine (a request with ``n > 1`` is ``n`` of these)."""
-
-    request_id: str
-    prompt_token_ids: Sequence[int]
-    prompt_hashes: Sequence[int]
-    max_tokens: int
-    target_tokens: int
-    arrival_s: float
-    handle: Any = None
-    kv_transferred: bool = False
-    num_computed_tokens: int = 0
-    num_output_tokens: int = 0
-    num_registered_blocks: int = 0
-    blocks: list[int] = field(default_factory=list)
-    output_hashes: list[int] = field(default_factory=list)
-    """Chained hashes of the blocks generated text filled, after ``prompt_hashes``."""
-    num_cached_tokens: int = -1
-    """Prompt tokens its first admission found computed (GPU hits, host loads, a transfer); -1 before."""
-    num_external_tokens: int = 0
-    """Of those, the ones that came from outside the GPU cache (host tier or a prefill instance)."""
-    load_done_s: float = 0.0
-    """While its prefix loads from the host tier: when the load ends."""
-    loading: tuple[int, ...] = ()
-    """While its prefix loads from the host tier: the hashes of the blocks that load brings in."""
-    prefix_loaded: bool = False
-    """Its prefix was just loaded from the host tier into the GPU cache, for its next admission."""
-    first_scheduled_s: float | None = None
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    finish_reason: str | None = None
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + self.num_output_tokens
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    start_s: float
-    duration_s: float
-    num_scheduled_tokens: int
-    num_prefill_seqs: int
-    num_decode_seqs: int
-    produced: tuple[EngineRequest, ...]
-    """Sequences that produced one token this step; those with ``finish_reason`` set are done."""
-    kv_events: tuple[KvEvent, ...] = ()
-    """What vLLM would publish for this step (empty unless the engine was given ``BlockDigests``)."""
-
-    @property
-    def end_s(self) -> float:
-        return self.start_s + self.duration_s
-
-
-_GENERATED_PERIOD = 997
-_GENERATED_IDS = tuple(1000 + n * 7 % _GENERATED_PERIOD for n in range(2 * _GENERATED_PERIOD))
-"""Two periods, so any run of up to one period is a single slice."""
-
-
-def generated_token_id(position: int) -> int:
-    """The id of the ``position``-th generated token. The simulator's text is a fixed cycle of words
-    that no client turns back into ids; its ids only need to be fixed so generated blocks hash (and
-    announce) as vLLM's do."""
-    return _GENERATED_IDS[position % _GENERATED_PERIOD]
-
-
-def generated_token_ids(first: int, stop: int) -> tuple[int, ...]:
-    """``generated_token_id`` of positions ``first .. stop - 1``."""
-    offset = first % _GENERATED_PERIOD
-    if stop - first <= _GENERATED_PERIOD:
-        return _GENERATED_IDS[offset : offset + stop - first]
-    return tuple(generated_token_id(n) for n in range(first, stop))
-
-
-def natural_length_tokens(profile: Profile, seed: int, request_id: str) -> int:
-    """The length this sequence would stop at by itself: lognormal, drawn from its own seed."""
-    rng = random.Random(f"{seed}:{request_id}")
-    return max(
-        1, round(rng.lognormvariate(math.log(profile.output_len_median_tokens), profile.output_len_sigma))
-    )
+__all__ = ["Engine", "EngineRequest", "StepResult"]
 
 
 _LOADING = -1
@@ -153,11 +67,8 @@ class Engine:
         self.stats = EngineStats()
         self._waiting: deque[EngineRequest] = deque()
         self._running: list[EngineRequest] = []
-        self._loading: deque[EngineRequest] = deque()
-        """Admitted requests whose prefix is loading from the host tier, in the order loads end."""
-        self._host_link_free_s = 0.0
-        self._being_loaded: set[int] = set()
-        """Hashes of the blocks pending loads bring in."""
+        self._loads = HostLoads(profile.kv_bytes_per_token, profile.cpu_offload_bytes_per_s)
+        """Admitted requests whose prefix is loading from the host tier."""
 
     @property
     def num_running(self) -> int:
@@ -166,7 +77,7 @@ class Engine:
     @property
     def num_waiting(self) -> int:
         """Queued requests, those loading their prefix from the host tier included (as vLLM counts)."""
-        return len(self._waiting) + len(self._loading)
+        return len(self._waiting) + len(self._loads)
 
     @property
     def kv_cache_usage_ratio(self) -> float:
@@ -174,12 +85,12 @@ class Engine:
 
     @property
     def has_work(self) -> bool:
-        return bool(self._running or self._waiting or self._loading)
+        return bool(self._running or self._waiting or self._loads)
 
     @property
     def next_load_done_s(self) -> float | None:
         """When the first pending host-tier load ends: a step before then may have nothing to run."""
-        return self._loading[0].load_done_s if self._loading else None
+        return self._loads.next_done_s
 
     def reset_prefix_cache(self) -> bool:
         """Forget the GPU prefix cache, as vLLM's ``/reset_prefix_cache``: refused (False) while a
@@ -233,9 +144,8 @@ class Engine:
             return
         if request in self._waiting:
             self._waiting.remove(request)
-        elif request in self._loading:
-            self._loading.remove(request)
-            self._being_loaded.difference_update(request.loading)
+        elif request in self._loads:
+            self._loads.cancel(request)
         else:
             self._running.remove(request)
         if request.blocks:
@@ -245,18 +155,23 @@ class Engine:
         self.stats.request_success["abort"] += 1
 
     def abort_all(self) -> None:
-        for request in [*self._running, *self._waiting, *self._loading]:
+        for request in [*self._running, *self._waiting, *self._loads]:
             self.abort(request)
 
     def step(self, now_s: float) -> StepResult:
-        """Schedule and run one batch starting at ``now_s``; the engine's state moves to its end."""
+        """Schedule and run one batch starting at ``now_s``; the engine's state moves to its end.
+
+        A step that schedules nothing while ``has_work`` is waiting on a host-tier load: the caller
+        steps again at ``next_load_done_s`` (or sooner, when a request arrives), else that request
+        is never run."""
         profile = self.profile
         block_size = profile.block_size_tokens
         budget = profile.max_num_batched_tokens
         scheduled: list[tuple[EngineRequest, int]] = []
         skipped: list[EngineRequest] = []
         preempted = False
-        if self._loading and self._loading[0].load_done_s <= now_s:
+        load_done_s = self._loads.next_done_s
+        if load_done_s is not None and load_done_s <= now_s:
             self._finish_loads(now_s)
 
         index = 0
@@ -289,7 +204,6 @@ class Engine:
                 break
             self._waiting.popleft()
             if admitted == _LOADING:
-                self._loading.append(request)
                 continue
             if admitted == _SKIPPED:
                 skipped.append(request)
@@ -314,7 +228,7 @@ class Engine:
         is being loaded for another request (vLLM loads a block once; this one waits for that load and
         lets those behind it go first), ``None`` if the blocks are not there (it and all behind wait)."""
         block_size = self.profile.block_size_tokens
-        hashes = self._hashes(request)
+        hashes = request.hashes()
         max_hit_blocks = (request.num_tokens - 1) // block_size
         hits = self.pool.cached_prefix(hashes[:max_hit_blocks])
         num_cached = len(hits) * block_size
@@ -323,7 +237,7 @@ class Engine:
             host_blocks = self.host.cached_prefix(hashes[len(hits) : max_hit_blocks])
         if host_blocks:
             loading = tuple(hashes[len(hits) : len(hits) + host_blocks])
-            if not self._being_loaded.isdisjoint(loading):
+            if self._loads.overlaps(loading):
                 return _SKIPPED
             num_done = num_cached
             num_new = 0
@@ -347,11 +261,7 @@ class Engine:
         request.kv_transferred = False
         if not host_blocks:
             return num_new
-        profile = self.profile
-        load_s = host_blocks * block_size * profile.kv_bytes_per_token / profile.cpu_offload_bytes_per_s
-        request.load_done_s = self._host_link_free_s = max(now_s, self._host_link_free_s) + load_s
-        request.loading = loading
-        self._being_loaded.update(loading)
+        self._loads.start(request, loading, host_blocks * block_size, now_s)
         return _LOADING
 
     def _count_lookup(
@@ -380,18 +290,14 @@ class Engine:
         Unlike vLLM, which holds the blocks for the request, they are released into the cache for the
         request's next lookup to find (a queued request holding blocks could starve the one ahead of
         it with nothing running), and that lookup is not counted again."""
-        done: list[EngineRequest] = []
-        while self._loading and self._loading[0].load_done_s <= now_s:
-            request = self._loading.popleft()
-            self._being_loaded.difference_update(request.loading)
-            request.loading = ()
+        done = self._loads.finished(now_s)
+        for request in done:
             self._cache_full_blocks(request, len(request.blocks) * self.profile.block_size_tokens)
             self.pool.free(request.blocks)
             request.blocks = []
             request.num_computed_tokens = 0
             request.num_registered_blocks = 0
             request.prefix_loaded = True
-            done.append(request)
         self._waiting.extendleft(reversed(done))
 
     def _finish_step(self, now_s: float, scheduled: list[tuple[EngineRequest, int]]) -> StepResult:
@@ -496,8 +402,8 @@ class Engine:
         start = request.num_registered_blocks
         stop = num_tokens // block_size
         if stop > len(request.prompt_hashes) + len(request.output_hashes):
-            self._hash_generated_blocks(request, stop)
-        hashes = self._hashes(request)
+            request.hash_generated_blocks(stop, block_size)
+        hashes = request.hashes()
         blocks = request.blocks
         register = self.pool.register
         for index in range(start, stop):
@@ -512,8 +418,8 @@ class Engine:
                 hashes,
                 start,
                 stop,
-                self._tokens(request, start * block_size, stop * block_size),
-                partial(self._block_tokens, request),
+                request.tokens(start * block_size, stop * block_size),
+                partial(request.block_tokens, block_size=block_size),
             )
             if events is not None
             else [0] * (stop - start)
@@ -522,35 +428,3 @@ class Engine:
             store = self.host.store(hashes[start:stop], published)
             if events is not None:
                 events.host_stored(store)
-
-    def _hashes(self, request: EngineRequest) -> Sequence[int]:
-        """The chained hashes of every full block the request has filled so far, prompt then output."""
-        if not request.output_hashes:
-            return request.prompt_hashes
-        return [*request.prompt_hashes, *request.output_hashes]
-
-    def _hash_generated_blocks(self, request: EngineRequest, num_blocks: int) -> None:
-        """Extend the request's chain over generated text up to ``num_blocks`` full blocks."""
-        hashes = request.output_hashes
-        num_prompt_blocks = len(request.prompt_hashes)
-        for index in range(num_prompt_blocks + len(hashes), num_blocks):
-            tokens = self._block_tokens(request, index)
-            parent = hashes[-1] if hashes else request.prompt_hashes[-1] if num_prompt_blocks else None
-            if parent is None:
-                hashes.append(block_hashes(tokens, self.profile.block_size_tokens)[0])
-            else:
-                hashes.append(hash((parent, tokens)))
-
-    def _block_tokens(self, request: EngineRequest, index: int) -> tuple[int, ...]:
-        """Block ``index``'s token ids."""
-        block_size = self.profile.block_size_tokens
-        return self._tokens(request, index * block_size, (index + 1) * block_size)
-
-    def _tokens(self, request: EngineRequest, start: int, stop: int) -> tuple[int, ...]:
-        """The ids of the request's tokens ``start .. stop - 1``: its prompt's, then generated ones."""
-        prompt = request.prompt_token_ids
-        num_prompt = len(prompt)
-        if stop <= num_prompt:
-            return tuple(prompt[start:stop])
-        head = tuple(prompt[start:num_prompt]) if start < num_prompt else ()
-        return head + generated_token_ids(max(start, num_prompt) - num_prompt, stop - num_prompt)

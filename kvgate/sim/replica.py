@@ -1,5 +1,8 @@
 """One simulated vLLM replica: the OpenAI HTTP surface in front of one ``Engine``.
 
+The routes and how a request becomes engine sequences are ``kvgate.sim.front_end``'s (``FrontEnd``,
+which this class extends); here are the lifecycle and the step loop.
+
 The replica owns a listening socket, the engine, and the loop that steps it. The loop asks the
 engine for a step, sleeps the step's simulated duration times ``time_scale`` and then writes every
 produced token straight to its client's transport, one write per connection per step. Simulated
@@ -30,33 +33,18 @@ import contextlib
 import itertools
 import os
 import time
-from typing import Any
-
-import orjson
 
 from kvgate.admission.tokenizer import ChatTemplate, TiktokenTokenizer, Tokenizer
 from kvgate.sim.engine import Engine, StepResult
 from kvgate.sim.exchange import Exchange
+from kvgate.sim.front_end import FrontEnd
 from kvgate.sim.http import Connection, Request
-from kvgate.sim.kv_publisher import KvEventPublisher, KvEventsConfig, sources_body
-from kvgate.sim.kv_transfer import HANDOFF_FIELDS, KvTransfers, pull
-from kvgate.sim.metrics import render_metrics
+from kvgate.sim.kv_publisher import KvEventPublisher, KvEventsConfig
+from kvgate.sim.kv_transfer import KvTransfers
 from kvgate.sim.profile import Profile
 from kvgate.sim.prompts import PromptEncoder
 from kvgate.sim.protocol import (
-    DONE_CHUNK,
-    VLLM_VERSION,
-    ApiError,
-    models_body,
     system_fingerprint,
-    tokenize_body,
-)
-from kvgate.sim.validation import (
-    GenerationRequest,
-    content_type_error,
-    fit_to_context,
-    parse_generation,
-    tokenize_request,
 )
 from kvgate.sim.vllm_block_hash import BlockDigests
 from kvgate.vocabulary.replica import Role
@@ -64,26 +52,9 @@ from kvgate.vocabulary.replica import Role
 # A step loop that wakes late keeps its schedule (sleeping less next time) unless it fell this far
 # behind in real seconds; beyond that it re-anchors on the clock and counts the gap as lag.
 _CATCH_UP_REAL_S = 0.05
-_METRICS_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-_NOT_FOUND = b'{"detail":"Not Found"}'
-_METHOD_NOT_ALLOWED = b'{"detail":"Method Not Allowed"}'
-_JSON_ROUTES = frozenset({"/v1/chat/completions", "/v1/completions", "/tokenize"})
-"""Routes whose body vLLM reads as JSON, refusing any other content type."""
-_ROUTES = {
-    "/v1/chat/completions": "POST",
-    "/v1/completions": "POST",
-    "/tokenize": "POST",
-    "/v1/models": "GET",
-    "/health": "GET",
-    "/version": "GET",
-    "/metrics": "GET",
-    "/kv/pull": "POST",
-    "/kv_event_sources": "GET",
-    "/reset_prefix_cache": "POST",
-}
 
 
-class SimReplica:
+class SimReplica(FrontEnd):
     def __init__(
         self,
         index: int,
@@ -339,211 +310,6 @@ class SimReplica:
         self._exchanges.discard(exchange)
         if not self._exchanges:
             self._idle.set()
-
-    # HTTP
-    def _handle(self, conn: Connection, request: Request) -> None:
-        if self.state == "paused":
-            self._stalled.append((conn, request))
-            return
-        try:
-            self._route(conn, request)
-        except Exception as exc:
-            error = ApiError(500, f"Internal server error: {type(exc).__name__}", "InternalServerError")
-            conn.respond(500, error.body())
-
-    def _route(self, conn: Connection, request: Request) -> None:
-        path = request.path
-        method = _ROUTES.get(path)
-        if method is None:
-            conn.respond(404, _NOT_FOUND)
-        elif method != request.method:
-            conn.respond(405, _METHOD_NOT_ALLOWED, extra=b"allow: %s\r\n" % method.encode())
-        elif path in _JSON_ROUTES and (refused := content_type_error(request.headers.get(b"content-type"))):
-            conn.respond(refused.status, refused.body())
-        elif path == "/v1/chat/completions":
-            self._generate(conn, request, chat=True)
-        elif path == "/v1/completions":
-            self._generate(conn, request, chat=False)
-        elif path == "/metrics":
-            conn.respond(200, render_metrics(self.engine, self.model, self.lag_s, self.role), _METRICS_TYPE)
-        elif path == "/health":
-            conn.respond(200, b"", content_type=b"")
-        elif path == "/v1/models":
-            conn.respond(200, models_body(self.model, self.max_model_len, self.created, self._id_prefix))
-        elif path == "/version":
-            conn.respond(200, orjson.dumps({"version": VLLM_VERSION}))
-        elif path == "/kv/pull":
-            self._transfers.serve_pull(conn, request)
-        elif path == "/kv_event_sources":
-            publisher = self.publisher
-            conn.respond(200, publisher.sources_body() if publisher is not None else sources_body(None))
-        elif path == "/reset_prefix_cache":
-            conn.respond(200, orjson.dumps({"success": self.engine.reset_prefix_cache()}))
-        else:
-            self._tokenize(conn, request)
-
-    def _generate(self, conn: Connection, request: Request, chat: bool) -> None:
-        """Run a generation request as vLLM does: each prompt of a completions batch is its own
-        request of ``n`` sequences, choice ``i * n + j`` being prompt ``i``'s ``j``-th; usage sums them."""
-        if self.state != "ready":
-            error = ApiError(503, "The server is shutting down.", "ServiceUnavailableError")
-            conn.respond(503, error.body())
-            return
-        parsed = parse_generation(request.body, chat, self.model, self.max_model_len)
-        if isinstance(parsed, ApiError):
-            conn.respond(parsed.status, parsed.body())
-            return
-        prompts = [self._prompts.encode(self._prompts.template.render(parsed.messages))] if chat else []
-        for prompt in parsed.prompts:
-            prompts.append(
-                self._prompts.encode(prompt) if isinstance(prompt, str) else self._prompts.token_ids(prompt)
-            )
-        role = self.role
-        requested_max = 1 if role is Role.PREFILL else parsed.max_tokens
-        caps: list[int] = []
-        for token_ids, _hashes in prompts:
-            cap = fit_to_context(self.max_model_len, len(token_ids), requested_max)
-            if isinstance(cap, ApiError):
-                conn.respond(cap.status, cap.body())
-                return
-            caps.append(cap)
-        kv_transferred = role is Role.DECODE and parsed.remote_prefill
-        handoff = parsed.kv_transfer_params or {}
-        if kv_transferred and any(handoff.get(name) is None for name in HANDOFF_FIELDS):
-            missing = [name for name in HANDOFF_FIELDS if handoff.get(name) is None]
-            error = ApiError(400, f"kv_transfer_params lacks {', '.join(missing)}.", "BadRequestError")
-            conn.respond(error.status, error.body())
-            return
-        header_id = request.headers.get(b"x-request-id")
-        base_id = header_id.decode("latin-1") if header_id else f"{self._id_prefix}{next(self._ids)}"
-        response_id = ("chatcmpl-" if chat else "cmpl-") + base_id
-        record = None
-        if self._records is not None:
-            record = bytearray()
-            self._records[response_id] = record
-            if header_id:
-                self._records[base_id] = record
-        choices = len(prompts) * parsed.n
-        exchange = Exchange(
-            self,
-            conn,
-            chat,
-            parsed.stream,
-            parsed.include_usage,
-            response_id,
-            parsed.model,
-            choices,
-            sum(len(token_ids) for token_ids, _hashes in prompts),
-            record,
-        )
-        exchange.cached_tokens_reported = self.prompt_tokens_details
-        if role is Role.PREFILL:
-            exchange.kv_transfer_params = self._transfers.offer(
-                base_id, exchange.prompt_tokens, self.host, self.port
-            )
-        self._exchanges.add(exchange)
-        self._idle.clear()
-        request.on_disconnect = exchange.on_disconnect
-        if parsed.stream:
-            # As vLLM's StreamingResponse: status and headers at once, events from the first token.
-            conn.start_stream()
-        if kv_transferred:
-            pull = asyncio.create_task(self._receive_kv(exchange, handoff, prompts, caps, parsed))
-            self._pulls.add(pull)
-            pull.add_done_callback(self._pulls.discard)
-            return
-        latency_s = self.profile.frontend_latency_s * self.time_scale
-        if latency_s > 0:
-            # vLLM's front end (tokenisation, hand-off to the engine) runs beside the engine: the
-            # request arrives now and can be scheduled once it is through.
-            arrival_s = self.sim_now()
-            loop = asyncio.get_running_loop()
-            loop.call_later(latency_s, self._admit, exchange, prompts, caps, parsed, arrival_s)
-            return
-        self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=False)
-
-    def _admit(
-        self,
-        exchange: Exchange,
-        prompts: list[tuple[list[int], list[int]]],
-        caps: list[int],
-        parsed: GenerationRequest,
-        arrival_s: float,
-    ) -> None:
-        """The front end is through: queue the request, unless its client left (or the replica died)."""
-        if exchange in self._exchanges:
-            self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=False, arrival_s=arrival_s)
-
-    def _add_sequences(
-        self,
-        exchange: Exchange,
-        prompts: list[tuple[list[int], list[int]]],
-        caps: list[int],
-        parsed: GenerationRequest,
-        kv_transferred: bool,
-        arrival_s: float | None = None,
-    ) -> None:
-        """Queue every choice's sequence; ``caps[i]``: prompt ``i``'s output cap (``fit_to_context``);
-        ``arrival_s``: when it reached the replica (default now)."""
-        arrival_s = self.sim_now() if arrival_s is None else arrival_s
-        choices = len(prompts) * parsed.n
-        for index in range(choices):
-            token_ids, hashes = prompts[index // parsed.n]
-            max_tokens = caps[index // parsed.n]
-            seq_id = exchange.response_id if choices == 1 else f"{exchange.response_id}-{index}"
-            exchange.seqs.append(
-                self.engine.add_request(
-                    seq_id,
-                    token_ids,
-                    max_tokens,
-                    arrival_s,
-                    min_tokens=parsed.min_tokens,
-                    ignore_eos=parsed.ignore_eos,
-                    prompt_hashes=hashes,
-                    handle=(exchange, index),
-                    kv_transferred=kv_transferred,
-                )
-            )
-        self._wake.set()
-
-    async def _receive_kv(
-        self,
-        exchange: Exchange,
-        handoff: dict[str, Any],
-        prompts: list[tuple[list[int], list[int]]],
-        caps: list[int],
-        parsed: GenerationRequest,
-    ) -> None:
-        """Pull the prompt's KV from the prefill instance, spend the link's time on the bytes, then
-        decode; a failed pull fails the request."""
-        host, port = str(handoff["remote_host"]), int(handoff["remote_port"])
-        moved = await pull(host, port, str(handoff["remote_request_id"]))
-        if exchange not in self._exchanges:
-            return
-        if isinstance(moved, str):
-            message = f"KV transfer for request {exchange.response_id} failed: {moved}"
-            error = ApiError(500, message, "InternalServerError")
-            self.finish(exchange)
-            if exchange.templates is None:
-                exchange.conn.respond(error.status, error.body())
-            else:
-                exchange.conn.end_stream(b"data: " + error.body() + b"\n\n" + DONE_CHUNK)
-            return
-        if self.time_scale > 0:
-            await asyncio.sleep(moved / self.profile.kv_link_bytes_per_s * self.time_scale)
-            if exchange not in self._exchanges:
-                return
-        self._add_sequences(exchange, prompts, caps, parsed, kv_transferred=True)
-
-    def _tokenize(self, conn: Connection, request: Request) -> None:
-        parsed = tokenize_request(request.body, self.model)
-        if isinstance(parsed, ApiError):
-            conn.respond(parsed.status, parsed.body())
-            return
-        chat, content = parsed
-        text = self._prompts.template.render(content) if chat else content
-        token_ids, _hashes = self._prompts.encode(text)
-        conn.respond(200, tokenize_body(token_ids, self.max_model_len))
 
 
 def parse_role(role: Role | str) -> Role:

@@ -26,10 +26,12 @@ class Flaky:
         self.rejections = rejections
         self.headers = headers
         self.calls = 0
+        self.retry_counts: list[str | None] = []
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
         self.calls += 1
+        self.retry_counts.append(request.headers.get("x-stainless-retry-count"))
         if self.calls <= self.rejections:
             return web.json_response(
                 {"error": {"message": "over capacity", "type": "rate_limit"}},
@@ -85,6 +87,8 @@ async def test_retry_after_ms_is_honoured(serve: object) -> None:
     assert flaky.calls == 2
     assert record.retries == 1
     assert record.wait_honoured_s == 0.05
+    assert record.honoured_retry_after
+    assert flaky.retry_counts == ["0", "1"]
     assert record.ttft_s is not None
     assert record.ttft_s >= record.wait_honoured_s
 
@@ -117,3 +121,31 @@ async def test_retry_budget_and_deadline_bound_the_retries(serve: object) -> Non
         )
     assert record.rejected
     assert (deadline.calls, record.retries, record.wait_honoured_s) == (1, 0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{"retry-after": "121"}, {"retry-after-ms": "50", "x-should-retry": "false"}],
+    ids=["past-the-ceiling", "told-not-to"],
+)
+async def test_the_sdk_does_not_retry_past_the_ceiling_or_when_told_not_to(
+    serve: object, headers: dict[str, str]
+) -> None:
+    flaky = Flaky(1, headers)
+    url = await serve(flaky)  # type: ignore[operator]
+    async with aiohttp.ClientSession() as session:
+        record = await Client(session, url, retry=RetryPolicy()).send("/v1/chat/completions", b"{}")
+    assert record.rejected
+    assert (flaky.calls, record.retries, record.honoured_retry_after) == (1, 0, False)
+
+
+async def test_without_a_server_wait_the_client_backs_off_and_says_so(serve: object) -> None:
+    flaky = Flaky(1, {})
+    url = await serve(flaky)  # type: ignore[operator]
+    async with aiohttp.ClientSession() as session:
+        record = await Client(session, url, retry=RetryPolicy(initial_backoff_s=0.01)).send(
+            "/v1/chat/completions", b"{}"
+        )
+    assert record.ok and record.retries == 1
+    assert not record.honoured_retry_after
+    assert 0.0075 <= record.wait_honoured_s <= 0.01

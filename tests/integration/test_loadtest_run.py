@@ -13,7 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvgate.gateway.edge.server import running_gateway
 from kvgate.loadtest.client import RetryPolicy
 from kvgate.loadtest.compare import ratios, run_compare
-from kvgate.loadtest.report import Slo, signal_series, summarize, write_report
+from kvgate.loadtest.plots import signal_series
+from kvgate.loadtest.report import Slo, summarize, write_report
 from kvgate.loadtest.runner import RunOptions, Target, run
 from kvgate.loadtest.workload import Trace, build_trace
 from kvgate.loadtest.workload_file import load_workload, parse_workload, with_overrides

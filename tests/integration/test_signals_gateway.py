@@ -40,6 +40,7 @@ async def test_work_signals_during_load_and_zero_after() -> None:
         async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=60) as http:
             body: dict[str, Any] = {"model": MODEL, "prompt": "tell a long story", "max_tokens": 250}
             body["ignore_eos"] = True
+            body["stream"] = True  # a stream's first token is what TTFT counts
             load = [asyncio.create_task(http.post("/v1/completions", json=body)) for _ in range(MAX_SEQS + 2)]
             assert await eventually(lambda: gw.state.queued == 2)
             engine = fleet.replicas[0].engine

@@ -181,7 +181,12 @@ def test_expected_wait_beyond_budget_is_429_kv_capacity_with_retry_after() -> No
     assert (decision.status, decision.reason) == (429, RefusalReason.KV_CAPACITY)
     assert decision.retry_after is not None
     assert decision.retry_after.expected_s == pytest.approx(100 / 10_000 + 8.0)
-    assert decision.retry_after.headers() == {"retry-after": "9", "retry-after-ms": "8010"}
+    # Without a body or a key it could not be recognised coming back: no room is held for it.
+    assert decision.retry_after.headers() == {
+        "retry-after": "9",
+        "retry-after-ms": "8010",
+        "x-should-retry": "false",
+    }
     assert fleet.controller.queue_stats(0.0).requests == 0
 
 

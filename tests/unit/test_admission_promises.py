@@ -16,7 +16,8 @@ from kvgate.config.tenants import PriorityClass
 from tests.unit.test_admission_controller import MODEL, Fleet
 
 _ids = count(1)
-NO_QUEUE = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0)
+NO_QUEUE = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, promise_max_share=1.0)
+"""Promises may hold the whole of ``full_fleet``'s one replica: two of 512 tokens."""
 
 
 def freq(
@@ -115,10 +116,11 @@ def test_a_claimant_that_must_wait_is_queued_at_the_head_of_its_class() -> None:
 
 def test_retry_after_grows_with_the_promises_ahead() -> None:
     fleet, _ = full_fleet()
-    hints = [refused(fleet, freq(bytes([i]) * 3)).retry_after for i in range(6)]
+    hints = [refused(fleet, freq(bytes([i]) * 3, prompt=16, max_output=112)).retry_after for i in range(6)]
     expected = [h.expected_s for h in hints if h is not None]
     assert expected == sorted(expected)
     assert expected[-1] > expected[0]
+    assert all(h is not None and h.honest for h in hints)
     assert fleet.controller.queue_stats(0.0).promised_requests == 6
 
 
@@ -134,7 +136,9 @@ def test_a_promise_never_outranks_a_higher_class() -> None:
 
 
 def test_early_return_keeps_its_place_and_is_told_the_time_left() -> None:
-    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=10.0)
+    config = AdmissionConfig(
+        max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=10.0, promise_max_share=1.0
+    )
     fleet, _ = full_fleet(config)
     first = refused(fleet, freq(b"c", max_output=600))
     assert first.retry_after is not None and first.retry_after.honest
@@ -197,7 +201,7 @@ def test_another_clients_identical_body_on_an_idle_fleet_is_admitted_not_told_to
 
 
 def test_promises_count_against_the_queue_bounds() -> None:
-    config = AdmissionConfig(max_queue_wait_s=0.0, queue_max_requests=2)
+    config = AdmissionConfig(max_queue_wait_s=0.0, queue_max_requests=2, promise_max_share=1.0)
     fleet, _ = full_fleet(config)
     refused(fleet, freq(b"c"))
     refused(fleet, freq(b"d"))
@@ -342,7 +346,9 @@ def test_a_promise_booked_by_another_gateway_is_honoured_here_and_dropped_there(
     """Gateway a refuses with a promise; its client comes back to gateway b (a Service picks any):
     early, b tells it the time left to its slot; on time, b gives it the head of its class before a
     newcomer, and a, hearing it was kept, drops it without counting it lapsed."""
-    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=10.0)
+    config = AdmissionConfig(
+        max_queue_wait_s=0.0, promise_grace_s=1.0, retry_after_cap_s=10.0, promise_max_share=1.0
+    )
     a, _ = full_fleet(config)
     b, b_resident = full_fleet(config)
     for gateway in (a, b):
@@ -396,3 +402,104 @@ def test_a_learnt_promise_lapses_after_its_window() -> None:
     book.expire(9.5)
     assert book.returning(key_request) is None
     assert book.counts.lapsed == 0, "another gateway's promise lapses there, not here"
+
+
+def test_a_promise_holds_its_room_until_the_moment_it_lapses() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    due_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    fleet.now_s = due_s + NO_QUEUE.promise_grace_s
+    assert isinstance(fleet.admit(freq(b"d")), Refusal), "the freed room is held for c"
+    fleet.now_s = due_s + NO_QUEUE.promise_grace_s + 1e-6
+    assert isinstance(fleet.admit(freq(b"e")), Admit), "released as soon as its window closed"
+    assert fleet.controller.promise_counts.lapsed == 1
+
+
+def test_past_the_promises_share_the_slot_moves_to_when_the_share_holds_it() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, promise_grace_s=1.0, promise_max_share=0.75)
+    fleet, _ = full_fleet(config)
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None and first.retry_after.honest
+    second = refused(fleet, freq(b"d"))
+    assert second.retry_after is not None and second.retry_after.honest
+    assert second.retry_after.expected_s > first.retry_after.expected_s + 2 * config.promise_grace_s, (
+        "1024 > 0.75 of 1024: d's window opens after c's closed"
+    )
+    assert fleet.controller.promise_counts.made == 2
+
+
+def test_a_slot_the_share_cannot_hold_within_the_cap_is_no_promise_and_says_so() -> None:
+    config = AdmissionConfig(
+        max_queue_wait_s=0.0, promise_grace_s=1.0, promise_max_share=0.75, retry_after_cap_s=6.0
+    )
+    fleet, _ = full_fleet(config)
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None and first.retry_after.honest
+    assert first.retry_after.expected_s + 2 * config.promise_grace_s > 6.0
+    second = refused(fleet, freq(b"d"))
+    assert second.retry_after is not None and not second.retry_after.honest
+    assert second.retry_after.headers()["x-should-retry"] == "false"
+    assert fleet.controller.promise_counts.made == 1
+
+
+def test_a_request_that_cannot_be_recognised_coming_back_is_told_not_to_retry() -> None:
+    fleet, _ = full_fleet()
+    anonymous = refused(fleet, freq(b"c", retry=None))
+    assert anonymous.retry_after is not None and not anonymous.retry_after.honest
+    assert refused(fleet, freq(b"c")).retry_after.honest  # type: ignore[union-attr]
+
+
+def test_a_full_queue_promises_nothing_and_says_so() -> None:
+    config = AdmissionConfig(max_queue_wait_s=0.0, queue_max_requests=1, promise_max_share=1.0)
+    fleet, _ = full_fleet(config)
+    refused(fleet, freq(b"c"))
+    full = refused(fleet, freq(b"d"))
+    assert full.reason is RefusalReason.QUEUE_FULL
+    assert full.retry_after is not None and not full.retry_after.honest
+
+
+def test_the_forecast_error_is_when_the_room_was_there_less_the_time_promised() -> None:
+    fleet, resident = full_fleet()
+    first = refused(fleet, freq(b"c"))
+    assert first.retry_after is not None
+    due_s = first.retry_after.expected_s
+    fleet.release(resident[0].request_id)
+    fleet.now_s = due_s - 0.5
+    refused(fleet, freq(b"d"))  # a newcomer's decision finds the promise's room held
+    fleet.now_s = due_s
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Admit)
+    errors = fleet.controller.promise_counts.errors
+    assert errors.count == 1 and errors.sum_s == pytest.approx(-0.5)
+
+
+def test_a_claimant_queued_is_kept_only_when_it_leaves_the_queue_for_a_replica() -> None:
+    config = AdmissionConfig(max_queue_wait_s=10.0, promise_grace_s=1.0, promise_max_share=1.0)
+    fleet, resident = full_fleet(config)
+    hurried = AdmissionRequest("c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, b"c", 0)
+    first = refused(fleet, hurried)
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    claimant = fleet.admit(freq(b"c", retry=1))
+    counts = fleet.controller.promise_counts
+    assert isinstance(claimant, Queue) and (counts.kept, counts.broken) == (0, 0)
+    fleet.now_s += 0.25
+    assert [d.ticket for d in fleet.release(resident[0].request_id)] == [claimant.ticket]
+    assert (counts.kept, counts.broken) == (1, 0)
+    assert counts.errors.sum_s == pytest.approx(0.25)
+
+
+def test_a_claimant_whose_place_in_the_queue_runs_out_is_a_promise_broken() -> None:
+    config = AdmissionConfig(max_queue_wait_s=10.0, promise_grace_s=1.0, promise_max_share=1.0)
+    fleet, _ = full_fleet(config)
+    hurried = AdmissionRequest("c1", Tenant("t"), CostEstimate(MODEL, 100, 400, 131072), 0.1, b"c", 0)
+    first = refused(fleet, hurried)
+    assert first.retry_after is not None
+    fleet.now_s = first.retry_after.expected_s
+    assert isinstance(fleet.admit(freq(b"c", retry=1)), Queue)
+    fleet.now_s += 11.0
+    expired = fleet.controller.expire(fleet.snapshot())
+    assert len(expired) == 1
+    counts = fleet.controller.promise_counts
+    assert (counts.kept, counts.broken) == (0, 1)

@@ -3,7 +3,8 @@ import math
 import pytest
 
 from kvgate.loadtest.client import RequestRecord
-from kvgate.loadtest.report import Slo, class_table, percentile, signal_series, summarize, timeline
+from kvgate.loadtest.plots import signal_series, timeline
+from kvgate.loadtest.report import Slo, class_table, percentile, summarize
 from kvgate.loadtest.runner import RunResult, SignalSample, Target
 
 SLO = Slo(ttft_s=1.0, itl_s=0.05)

@@ -480,3 +480,13 @@ def test_promise_outcomes_are_read_at_scrape_time() -> None:
     counts.made, counts.kept, counts.lapsed = 3, 2, 1
     series = samples(metrics)
     assert [value(series, "kvgate_promises_total", outcome=o) for o in PROMISE_OUTCOMES] == [3, 2, 0, 1]
+
+
+def test_the_forecast_and_its_error_are_exported_once_the_policy_has_them() -> None:
+    metrics = populated()
+    assert "kvgate_autoscaler_forecast_replicas" not in samples(metrics)
+    metrics.set_desired_replicas("decode", 5, "scale_out_forecast", 4.6, -0.8)
+    series = samples(metrics)
+    assert value(series, "kvgate_autoscaler_forecast_replicas", pool="decode") == 4.6
+    assert value(series, "kvgate_autoscaler_forecast_error_replicas", pool="decode") == -0.8
+    assert "prefill" not in {labels["pool"] for labels, _ in series["kvgate_autoscaler_forecast_replicas"]}

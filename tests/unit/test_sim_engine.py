@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvgate.sim.engine import Engine, EngineRequest, natural_length_tokens
+from kvgate.sim.engine import Engine, EngineRequest
 from kvgate.sim.kv_cache import BlockPool
 from kvgate.sim.profile import PROFILES, resolve_profile
+from kvgate.sim.sequence import natural_length_tokens
 
 
 def _engine(**overrides: Any) -> Engine:

@@ -129,3 +129,19 @@ def test_the_tier_evicts_least_recently_used_never_what_it_is_storing() -> None:
     assert sorted(tier.published_hashes()) == [11, 12, 14]
     assert tier.store([5, 6, 7, 8], [15, 16, 17, 18]) == HostStore((), ())
     assert tier.store([1, 2, 4, 5], [11, 12, 14, 15]) == HostStore((), ()), "no room beside what it keeps"
+
+
+def test_an_idle_engine_whose_only_request_loads_its_prefix_names_when_to_step_again() -> None:
+    engine = _engine()
+    _ttft_s(engine, PROMPT, 0.0)
+    now_s = _evict_from_the_gpu(engine, 100.0)
+    request = engine.add_request("late", [*PROMPT, 1], 1, now_s + 100.0)
+
+    idle = engine.step(now_s + 100.0)
+
+    assert idle.num_scheduled_tokens == 0 and idle.duration_s == 0.0
+    assert engine.has_work and engine.num_waiting == 1 and engine.num_running == 0
+    load_done_s = engine.next_load_done_s
+    load_s = 4000 * engine.profile.kv_bytes_per_token / engine.profile.cpu_offload_bytes_per_s
+    assert load_done_s == pytest.approx(now_s + 100.0 + load_s)
+    assert engine.step(load_done_s).produced == (request,)

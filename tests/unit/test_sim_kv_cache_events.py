@@ -20,9 +20,10 @@ from kvgate.routing.kv_events import (
     decode_batch,
     encode_batch,
 )
-from kvgate.sim.engine import Engine, StepResult, generated_token_id
+from kvgate.sim.engine import Engine, StepResult
 from kvgate.sim.kv_cache import BlockPool
 from kvgate.sim.profile import resolve_profile
+from kvgate.sim.sequence import generated_token_id
 from kvgate.sim.vllm_block_hash import BlockDigests, chain_digests, published
 
 BLOCK = 16

@@ -29,10 +29,19 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from kvgate.admission.tenants import bearer_key
+from kvgate.config.models import Model
 from kvgate.config.pools import Pool
 from kvgate.config.urls import replica_base_url
-from kvgate.gateway.edge.errors import BadRequest, GatewayError, MethodNotAllowed, NotFound, Unauthorized
+from kvgate.gateway.edge.errors import (
+    BadRequest,
+    GatewayError,
+    MethodNotAllowed,
+    ModelNotFound,
+    NotFound,
+    Unauthorized,
+)
 from kvgate.gateway.replicas.scrape import scraped_capacity_tokens
+from kvgate.gateway.request_path.surface import SERVED
 from kvgate.gateway.state import GatewayState, ReplicaState
 from kvgate.vocabulary.clock import Clock
 
@@ -82,24 +91,34 @@ def build_admin_app(
     if admin_token is None:
         logger.warning("no admin token (auth.admin_token): /admin/* accepts loopback clients only")
 
+    public = {name: model for name, model in state.models.items()}
+    public.update({alias: model for model in state.models.values() for alias in model.aliases})
+    """Every name a client may send: the served names and their aliases (``models[].aliases``)."""
+
+    def model_doc(name: str, model: Model) -> dict[str, object]:
+        return {
+            "id": name,
+            "object": "model",
+            "created": created_s,
+            "owned_by": "kvgate",
+            "root": model.name,
+            "max_model_len": model.max_model_len,
+        }
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, object]:
         if not client_allowed(bearer_key(request.headers.get("authorization"))):
             raise Unauthorized("Incorrect API key provided.", reason="unauthorized")
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": model.name,
-                    "object": "model",
-                    "created": created_s,
-                    "owned_by": "kvgate",
-                    "root": model.name,
-                    "max_model_len": model.max_model_len,
-                }
-                for model in state.models.values()
-            ],
-        }
+        return {"object": "list", "data": [model_doc(name, model) for name, model in public.items()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str, request: Request) -> dict[str, object]:
+        if not client_allowed(bearer_key(request.headers.get("authorization"))):
+            raise Unauthorized("Incorrect API key provided.", reason="unauthorized")
+        model = public.get(model_id)
+        if model is None:
+            raise ModelNotFound(model_id)
+        return model_doc(model_id, model)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:
@@ -184,7 +203,8 @@ def build_admin_app(
     async def http_error(request: Request, exc: HTTPException) -> Response:
         error: GatewayError
         if exc.status_code == 404:
-            error = NotFound(f"no route for {request.method} {request.url.path}")
+            served = ", ".join(SERVED)
+            error = NotFound(f"no route for {request.method} {request.url.path}; this server serves {served}")
         elif exc.status_code == 405:
             error = MethodNotAllowed(f"method {request.method} is not allowed on {request.url.path}")
         else:

@@ -1,8 +1,9 @@
 """The gateway as one ASGI application: a raw dispatcher in front of the proxy and the admin app.
 
-The two completion routes go straight to ``Proxy.handle`` and ``GET /signals`` to the metrics'
-JSON document; every other path goes to FastAPI. The observability routes pass the
-``ObservabilityGuard`` first when ``auth.protect_observability`` (unset:
+The proxied routes (``kvgate.gateway.request_path.surface.PROXIED``: the completion routes,
+responses, embeddings, pooling, score, rerank, tokenize) go straight to ``Proxy.handle`` and
+``GET /signals`` to the metrics' JSON document; every other path goes to FastAPI. The observability
+routes pass the ``ObservabilityGuard`` first when ``auth.protect_observability`` (unset:
 ``auth.enabled``) says so. The dispatcher also owns the lifespan: the completion routes'
 replica client, the aiohttp session of every other upstream call, the first
 health probe and ``/metrics`` scrape round (so readiness is known before the first request) and
@@ -32,7 +33,7 @@ from kvgate.gateway.asgi import Message, Receive, Scope, Send
 from kvgate.gateway.coordination.coordinator import RedisCoordinator, fleet_demands
 from kvgate.gateway.edge.admin import OBSERVABILITY_PATHS, ObservabilityGuard, build_admin_app
 from kvgate.gateway.edge.errors import GatewayError, MethodNotAllowed
-from kvgate.gateway.replicas.discovery import DnsDiscovery
+from kvgate.gateway.replicas.discovery import discoveries_for
 from kvgate.gateway.replicas.kv_event_streams import KvEventStreams
 from kvgate.gateway.replicas.probes import HealthMonitor
 from kvgate.gateway.replicas.replica_http import ReplicaClient
@@ -41,6 +42,7 @@ from kvgate.gateway.replicas.upstream import create_session
 from kvgate.gateway.request_path.decision_path import DecisionPath
 from kvgate.gateway.request_path.forwarding import request_id_of
 from kvgate.gateway.request_path.proxy import Proxy, send_error, shutting_down
+from kvgate.gateway.request_path.surface import PROXIED
 from kvgate.gateway.state import GatewayState
 from kvgate.gateway.telemetry.access_log import AccessLog
 from kvgate.gateway.telemetry.fleet_work import FleetWork
@@ -52,7 +54,8 @@ from kvgate.vocabulary.clock import Clock
 if TYPE_CHECKING:
     from kvgate.gateway.telemetry.tracing import Tracing
 
-COMPLETION_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
+COMPLETION_PATHS = PROXIED
+"""The proxied routes (completions, responses, embeddings, pooling, score, rerank, tokenize)."""
 SIGNALS_PATH = "/signals"
 
 
@@ -63,7 +66,8 @@ class Gateway:
         autoscaler = config.autoscaler
         window_s = 60.0 if autoscaler is None else autoscaler.signals_window_s
         self._clock = clock
-        self.metrics = GatewayMetrics(clock=clock, window_s=window_s)
+        tenant_label = config.metrics.tenant_label
+        self.metrics = GatewayMetrics(clock=clock, window_s=window_s, tenant_label=tenant_label)
         self.path = DecisionPath.build(self.state, config, self.metrics, clock)
         """The decision path's parts (pricing, fleet, dispatcher, accounting), over ``clock``."""
         routing = config.routing
@@ -180,9 +184,7 @@ class Gateway:
         self._proxy = Proxy(
             self.state, self.path, self._client, server, self.config.auth, cap_s, access_log, self.tracing
         )
-        discoveries = [
-            DnsDiscovery(self.state, p.name, p.dns) for p in self.config.pools if p.dns is not None
-        ]
+        discoveries = discoveries_for(self.state, self.config.pools, self._session)
         for discovery in discoveries:
             await discovery.refresh()
         monitor = HealthMonitor(self.state, self._session, self.config.health, self.path.fleet)
@@ -239,7 +241,7 @@ class Gateway:
 
     def hot_route(self) -> Callable[[Scope, Receive, Send], Awaitable[None]] | None:
         """What serves a completion ``POST`` the edge takes straight off the parser
-        (``kvgate.gateway.edge.http_protocol.HOT_PATHS``): the proxy once started, and nothing while new
+        (``kvgate.gateway.edge.hot_route.HOT_PATHS``): the proxy once started, and nothing while new
         requests are refused, so that this application's dispatch answers them."""
         if self._refusing:
             return None
@@ -256,7 +258,7 @@ class Gateway:
                 error = MethodNotAllowed(
                     f"method {scope['method']} is not allowed on {scope['path']}; use POST"
                 )
-                self.metrics.count_error(error)
+                self.metrics.count_error(error, route=scope["path"])
                 await send_error(send, error, request_id_of(scope))
                 return
             assert self._proxy is not None, "gateway not started"

@@ -19,8 +19,8 @@ untrusted clients needs, enforced where the bytes arrive, before any request rea
 - **The proxy's hot path:** a request finds its ``RequestEdge`` (``request_edge``) under the
   ``REQUEST_EDGE`` scope extension: a chunk written from a plain call, a whole response in one
   write, a callback when the client goes.
-- **The completion routes without the ASGI dispatch:** a ``POST`` to one of ``HOT_PATHS`` (the URL
-  exactly: no query, no escapes) goes straight to the route the application offers
+- **The proxied routes without the ASGI dispatch** (``hot_route``): a ``POST`` to one of
+  ``HOT_PATHS`` (the URL exactly: no query, no escapes) goes straight to the route the application offers
   (``edge_protocol``'s ``hot_route``), under uvicorn's own request cycle (its ``send``,
   ``receive``, disconnect and keep-alive handling, and its answer to an exception), with a scope of
   just what the route reads: method, path, headers and the ``RequestEdge``. uvicorn's full scope,
@@ -57,7 +57,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from kvgate.config.server import Server
-from kvgate.gateway.asgi import ASGIApp
 from kvgate.gateway.edge.edge_limits import EdgeLimits, edge_limits
 from kvgate.gateway.edge.errors import (
     BadRequest,
@@ -66,6 +65,7 @@ from kvgate.gateway.edge.errors import (
     RequestTimeout,
     ServiceUnavailable,
 )
+from kvgate.gateway.edge.hot_route import HOT_PATHS, HotRoute, no_route, start_hot
 from kvgate.gateway.edge.request_edge import REQUEST_EDGE, RequestEdge
 
 logger = logging.getLogger("kvgate.edge")
@@ -78,13 +78,6 @@ _IDLE = 0
 _HEADERS = 1
 _BODY = 2
 _REFUSED = 3
-
-
-HOT_PATHS = {b"/v1/chat/completions": "/v1/chat/completions", b"/v1/completions": "/v1/completions"}
-"""Raw request targets served by the hot route, and the path each is."""
-HotRoute = Callable[[], ASGIApp | None]
-"""What serves a hot path's ``POST`` now, or None when the application's own dispatch must (it is
-starting, or refusing new requests in a drain)."""
 
 
 class _Refused(Exception):
@@ -102,12 +95,8 @@ def edge_protocol(server: Server, hot_route: HotRoute | None = None) -> type[Edg
 
     BoundEdgeProtocol.limits = limits
     BoundEdgeProtocol.idle = {}
-    BoundEdgeProtocol.hot_route = staticmethod(hot_route or _no_route)
+    BoundEdgeProtocol.hot_route = staticmethod(hot_route or no_route)
     return BoundEdgeProtocol
-
-
-def _no_route() -> None:
-    return None
 
 
 def _rendered(error: GatewayError) -> tuple[bytes, bytes]:
@@ -141,7 +130,7 @@ class EdgeProtocol(HttpToolsProtocol):
     attribute."""
 
     limits: ClassVar[EdgeLimits]
-    hot_route: ClassVar[HotRoute] = staticmethod(_no_route)
+    hot_route: ClassVar[HotRoute] = staticmethod(no_route)
     idle: ClassVar[dict[EdgeProtocol, None]]
     """Connections with no request begun on them, longest idle first."""
 
@@ -275,7 +264,7 @@ class EdgeProtocol(HttpToolsProtocol):
             if parser.get_method() == b"POST":
                 app = type(self).hot_route()
                 if app is not None:
-                    self._start_hot(app, path, parser.get_http_version())
+                    start_hot(self, app, path, parser.get_http_version())
                     return
         url, headers, expect_100_continue = self.url, self.headers, self.expect_100_continue
         super().on_message_begin()
@@ -285,40 +274,6 @@ class EdgeProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:
             self.scope["extensions"] = {REQUEST_EDGE: {"edge": RequestEdge(self, cycle)}}
-
-    def _start_hot(self, app: ASGIApp, path: str, http_version: str) -> None:
-        """uvicorn's request cycle and task for a hot path's ``POST``, over a scope of what the
-        route and the cycle (its log line of a request, when uvicorn's access log has a handler)
-        read."""
-        scope: dict[str, Any] = {
-            "type": "http",
-            "http_version": http_version,
-            "method": "POST",
-            "path": path,
-            "raw_path": self.url,
-            "query_string": b"",
-            "client": self.client,
-            "headers": self.headers,
-        }
-        cycle = self.cycle = RequestResponseCycle(
-            scope=scope,  # type: ignore[arg-type]
-            transport=self.transport,
-            flow=self.flow,
-            logger=self.logger,
-            access_logger=self.access_logger,
-            access_log=self.access_log,
-            default_headers=self.server_state.default_headers,
-            message_event=asyncio.Event(),
-            expect_100_continue=self.expect_100_continue,
-            keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
-            on_response=self.on_response_complete,
-        )
-        self.scope = scope  # type: ignore[assignment]
-        edge = RequestEdge(self, cycle)
-        scope["extensions"] = {REQUEST_EDGE: {"edge": edge}}
-        task = edge.task = self.loop.create_task(cycle.run_asgi(app))  # type: ignore[arg-type]
-        task.add_done_callback(self.tasks.discard)
-        self.tasks.add(task)
 
     def on_message_complete(self) -> None:
         self._phase = _IDLE

@@ -141,6 +141,7 @@ class Fleet:
                 and old.scraped is r.scraped
                 and old.ttft_ewma_s == r.ttft_ewma_s
                 and old.kv_capacity_tokens == capacity
+                and old.models is r.models
             ):
                 views.append(old)
                 continue

@@ -17,6 +17,11 @@ product; summed over engines), which ``ReplicaState.discover_capacity`` takes: i
 capacity in use when the pool configures none (the replica is not routable before), and a
 configured value that disagrees is warned about once per reported value. vLLM reports no
 scheduler settings on ``/metrics``, so ``max_num_seqs`` stays the pool's ``max_sequences``.
+
+A replica's first answered scrape also reads what it serves (``kvgate.gateway.replicas.model_facts``:
+``/v1/models`` against the config, its block size against routing's), and the first round of
+scrapes, the one at start-up, logs the fleet: each pool, its replicas, what each answered and its
+KV capacity, and a warning when no replica answered at all.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from kvgate.gateway.replicas.model_facts import ModelFacts
 from kvgate.gateway.replicas.upstream import replica_headers
 from kvgate.gateway.state import GatewayState, ReplicaState
 from kvgate.vocabulary.clock import Clock
@@ -155,26 +161,37 @@ class Scraper:
             total=timeout_s if timeout_s is not None else min(1.0, interval_s)
         )
         self._clock = clock
+        self._facts = ModelFacts(state, session, self._timeout)
+        self._logged_start = False
 
     async def scrape_all(self) -> None:
-        await asyncio.gather(*(self._scrape(r) for r in list(self._state.replicas.values())))
+        self._facts.forget_gone()
+        replicas = list(self._state.replicas.values())
+        answered = await asyncio.gather(*(self._scrape(r) for r in replicas))
+        if not self._logged_start:
+            self._logged_start = True
+            log_fleet(self._state, {r.replica_id for r, ok in zip(replicas, answered, strict=True) if ok})
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self._interval_s)
             await self.scrape_all()
 
-    async def _scrape(self, replica: ReplicaState) -> None:
+    async def _scrape(self, replica: ReplicaState) -> bool:
+        """Whether the replica answered with a page the gateway reads."""
         with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError, UnicodeDecodeError):
             async with self._session.get(
                 replica.url + METRICS_PATH, headers=replica_headers(replica), timeout=self._timeout
             ) as response:
                 if response.status != 200:
-                    return
+                    return False
                 body = await response.read()
             scraped = parse_vllm_metrics(body.decode(), self._clock())
             if scraped is not None:
                 replica.scraped = scraped
+                if self._facts.pending(replica):
+                    await self._facts.read(replica)
+                self._facts.check_block_size(replica, scraped.block_size_tokens)
                 if replica.discover_capacity(scraped_capacity_tokens(scraped)):
                     log.warning(
                         "replica %s (%s) of pool %s reports %d KV tokens (vllm:cache_config_info) but "
@@ -186,3 +203,46 @@ class Scraper:
                         replica.discovered_kv_capacity_tokens,
                         replica.configured_kv_capacity_tokens,
                     )
+                return True
+        return False
+
+
+def log_fleet(state: GatewayState, answered: set[str]) -> None:
+    """The start-up line of each pool (its replicas, whether each answered, its KV capacity in use
+    and where that comes from, the models it serves), and a warning when none answered."""
+    for pool in state.pools.values():
+        members = [r for r in state.replicas.values() if r.pool == pool.name]
+        source = (
+            f"DNS {pool.dns.name}:{pool.dns.port}"
+            if pool.dns is not None
+            else "Kubernetes EndpointSlices"
+            if pool.kubernetes is not None
+            else "static"
+        )
+        described = [_described(r, r.replica_id in answered) for r in members] or ["none"]
+        log.info(
+            "pool %s (%s, %s): %d replica(s), %d answering, %d KV tokens discovered: %s",
+            pool.name,
+            pool.role,
+            source,
+            len(members),
+            sum(1 for r in members if r.replica_id in answered),
+            sum(r.kv_capacity_tokens for r in members if r.replica_id in answered),
+            "; ".join(described),
+        )
+    if not answered:
+        log.warning(
+            "no replica answered at start-up (%d configured or discovered): /readyz answers 503 and "
+            "requests get 503 until one does; check the pools' URLs, the replicas' ports and "
+            "api_key",
+            len(state.replicas),
+        )
+
+
+def _described(replica: ReplicaState, answered: bool) -> str:
+    if not answered:
+        return f"{replica.url} ({replica.name}) not answering"
+    source = "configured" if replica.configured_kv_capacity_tokens is not None else "reported"
+    models = ", ".join(sorted(replica.models)) or "no configured model"
+    capacity = f"{replica.kv_capacity_tokens} KV tokens ({source})"
+    return f"{replica.url} ({replica.name}) {capacity}, serves {models}"

@@ -10,7 +10,11 @@ against a TTFT objective run on them, not on constants), how prompt counts and o
 compare with its estimates and, with an ITL objective, each replica's latency against the
 sequences it ran (``kvgate.admission.itl_guard``: the sequences resident there are sampled at a stream's
 first token, at each produced report and at its end), and the metrics every latency once.
-``closed`` records a whole response's TTFT that never reached the metrics because sending it to
+A whole (non-streamed) response from a replica arrives when its generation has ended, so the relay
+reports it with ``answered_whole``, not ``first_token``: it releases the ledger's prefill and dates
+the answer for the access log, but teaches nothing about time to first token (neither the TTFT
+metrics, the replica's TTFT average nor the prefill rate would learn a whole generation as a
+prefill). ``closed`` records a whole response's TTFT that never reached the metrics because sending it to
 the client failed. A disaggregated request's time to first token and prompt tokens are its prefill
 pool's (the phase that decides them), its inter-token latency and output tokens its decode pool's.
 """
@@ -61,6 +65,11 @@ class Accounting:
             served_s = ttft_s - (request.queue_wait_s or 0.0)
             prompt_tokens = request.admission.cost.prompt_tokens
             controller.observe_rates(with_first_token(controller.rates, prompt_tokens, served_s))
+
+    def answered_whole(self, request: ProxyRequest, now_s: float) -> None:
+        """A whole response arrived: its prefill is over, but its arrival is no first token."""
+        self._ledger.first_token(request.request_id)
+        request.first_token_s = now_s
 
     def produced(self, request: ProxyRequest, tokens: int) -> None:
         self._ledger.produced(request.request_id, tokens)

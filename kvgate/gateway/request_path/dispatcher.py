@@ -8,8 +8,9 @@ also expires overdue waits, each answered with its refusal); a refused one gets 
 A client that leaves while queued stops counting at once. ``release`` is called exactly once per
 ``Route``, in the proxy's ``finally``; the ledger's release is idempotent, so a retry that moved
 the reservation cannot release twice. While a request is served its reservation's lease is
-renewed (``kvgate.gateway.request_path.leases``); one its request never released runs out and is counted as
-expired.
+renewed (``kvgate.gateway.request_path.leases``); one its request never released runs out and is
+counted as expired. A disaggregated request's second hop, to a decode replica, is
+``kvgate.gateway.request_path.decode_hand_off``'s.
 """
 
 from __future__ import annotations
@@ -26,26 +27,21 @@ from kvgate.admission.disaggregation import prefill_cost
 from kvgate.admission.pump import AdmissionPump, Placement
 from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.replicas.fleet import Fleet
+from kvgate.gateway.request_path.decode_hand_off import DecodeHandOff
+from kvgate.gateway.request_path.decode_hand_off import Route as Route
 from kvgate.gateway.request_path.leases import Leases
-from kvgate.gateway.state import GatewayState, ProxyRequest, ReplicaState
+from kvgate.gateway.state import GatewayState, ProxyRequest
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
 from kvgate.routing.filters import NO_REPLICA
 from kvgate.routing.policies.kvgate import PREFIX_HOLDER_FULL
-from kvgate.routing.request import RoutingRequest
 from kvgate.routing.retry_budget import RetryBudget
 from kvgate.routing.router import Router
-from kvgate.vocabulary.capacity import own_slots, takes_handoff
+from kvgate.vocabulary.capacity import own_slots
 from kvgate.vocabulary.clock import Clock
 from kvgate.vocabulary.replica import ReplicaView, Role
 from kvgate.vocabulary.snapshot import FleetSnapshot
-from kvgate.vocabulary.value import frozen_value
 
 PUMP_INTERVAL_S = 0.05
-
-
-@frozen_value
-class Route:
-    replica: ReplicaState
 
 
 QueuedWaiter = tuple[ProxyRequest, "asyncio.Future[Route | Refusal]"]
@@ -72,7 +68,7 @@ def _unforeseeable(refusal: Refusal) -> bool:
     )
 
 
-class Dispatcher:
+class Dispatcher(DecodeHandOff):
     def __init__(
         self,
         state: GatewayState,
@@ -218,59 +214,6 @@ class Dispatcher:
         skip = Role.MIXED if request.disaggregated else Role.PREFILL
         kept = tuple(v for v in snapshot.replicas if v.role is not skip)
         return FleetSnapshot(snapshot.now_s, kept, snapshot.resident)
-
-    def hand_off(self, request: ProxyRequest) -> Route | Refusal:
-        """The prefill replica handed the request's KV off: its prefill reservation goes back and its
-        whole worst case is reserved on a decode replica with room, chosen by load alone (the prefix
-        cache lives on the prefill side), or the refusal that says why none has room."""
-        assert request.admission is not None and request.routing is not None, "priced before handed off"
-        now_s = self._clock()
-        model = request.model
-        self._state.ledger.release(request.request_id)
-        self.pump()
-        room: tuple[ReplicaView, ...] | Refusal
-        enabled = self._config.enabled
-        if enabled:
-            room = self.controller.decode_room(request.admission, self._fleet.snapshot(now_s))
-        else:
-            room = tuple(v for v in self._fleet.views(now_s) if takes_handoff(v, model, now_s))
-        if isinstance(room, Refusal):
-            return room
-        routing = request.routing
-        decode = RoutingRequest(
-            model, routing.prompt_tokens, routing.max_output_tokens, (), routing.sequences
-        )
-        slots = self.controller.max_active if enabled else own_slots
-        choice = self.router.choose(
-            decode, room, now_s, exclude=request.tried, check_room=enabled, slots=slots
-        )
-        replica = None if choice.replica_id is None else self._state.replicas.get(choice.replica_id)
-        if replica is None:
-            message = f"No decode replica serving '{model}' can take the request now."
-            return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
-        self._state.ledger.reserve(request.request_id, replica.replica_id, request.admission.cost, now_s)
-        request.tried.append(replica.replica_id)
-        return Route(replica)
-
-    def count_handoff_refusal(self, request: ProxyRequest, refusal: Refusal) -> None:
-        pool = self._fleet.pool_of(request.model)
-        self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
-
-    def retry_hand_off(self, request: ProxyRequest) -> Route | None:
-        """Another decode replica for a request whose decode replica failed before the first byte
-        (the prefill replica still holds its KV), under the retry budget; None when there is none."""
-        now_s = self._clock()
-        self._state.ledger.release(request.request_id)
-        retries = len(request.tried) - 2
-        verdict = self.retry_budget.allow(now_s, retries, request.response_started)
-        pool = self._fleet.pool_of(request.model)
-        if not verdict.allowed:
-            self._metrics.count_retry(pool, verdict.reason)
-            self.pump()
-            return None
-        route = self.hand_off(request)
-        self._metrics.count_retry(pool, "retry" if isinstance(route, Route) else "no_replica")
-        return route if isinstance(route, Route) else None
 
     def _route_unadmitted(self, request: ProxyRequest, now_s: float) -> Route | Refusal:
         """Admission off: route among every healthy replica without the room filter (the replicas queue

@@ -27,17 +27,19 @@ from kvgate.admission.counting import batch_of
 from kvgate.admission.deadline import client_timeout_s
 from kvgate.admission.decision import AdmissionRequest, Refusal, RefusalReason
 from kvgate.admission.promises import request_key, retry_count
+from kvgate.admission.route_work import Work, work_view
 from kvgate.admission.tenants import Tenant, TenantDirectory, bearer_key
 from kvgate.config.gateway import GatewayConfig
 from kvgate.gateway.replicas.upstream import replica_headers
 from kvgate.gateway.request_path.forwarding import forwarded_body
 from kvgate.gateway.request_path.prompt import PromptEncoder, PromptTokens
+from kvgate.gateway.request_path.surface import PROXIED
 from kvgate.gateway.state import GatewayState, ProxyRequest
 from kvgate.routing.request import RoutingRequest
 
 log = logging.getLogger("kvgate.pricing")
 _IDEMPOTENCY_KEY = b"idempotency-key"
-CHAT_PATH = "/v1/chat/completions"
+_NO_PROMPT = PromptTokens(0, ())
 
 
 @dataclass(slots=True)
@@ -46,6 +48,9 @@ class Uncounted:
     replica of its model (``Pricer.count``)."""
 
     tenant: Tenant
+    work_kind: Work
+    body: Mapping[str, Any]
+    """The body as pricing reads it (``kvgate.admission.route_work.work_view``)."""
     chat: bool
     batch: list[str] | list[list[int]] | None
     work: Requested
@@ -75,24 +80,38 @@ class Pricer:
         if tenant is None:
             return Refusal(401, RefusalReason.UNAUTHORIZED, "Incorrect API key provided.")
         request.tenant = tenant.name
-        chat = request.endpoint == CHAT_PATH
-        batch: list[str] | list[list[int]] | None = None if chat else batch_of(request.body)
-        work = requested_work(request.body, chat, len(batch) if batch else 1, self._config)
+        kind = PROXIED[request.endpoint]
+        body: Mapping[str, Any] = request.body
+        if kind is Work.CHAT:
+            chat = True
+        elif kind is Work.COMPLETION:
+            chat = False
+        else:
+            view = work_view(kind, body)
+            if isinstance(view, InvalidRequest):
+                return _invalid(view)
+            body, chat = view.body, view.chat
+        batch: list[str] | list[list[int]] | None = None if chat else batch_of(body)
+        work = requested_work(body, chat, len(batch) if batch else 1, self._config)
         if isinstance(work, InvalidRequest):
             return _invalid(work)
+        if not kind.decodes:
+            work = Requested(0, 1)
+            if not kind.counts_prompt:
+                return self._priced(request, tenant, kind, chat, work, _NO_PROMPT, 0)
         if batch is not None:
-            return Uncounted(tenant, chat, batch, work)
-        prompt = self.encoder.encode_inline(request.model, request.body, len(request.raw_body))
+            return Uncounted(tenant, kind, body, chat, batch, work)
+        prompt = self.encoder.encode_inline(request.model, body, len(request.raw_body))
         if prompt is None:
-            return Uncounted(tenant, chat, batch, work)
-        return self._priced(request, tenant, chat, work, prompt, prompt.count)
+            return Uncounted(tenant, kind, body, chat, batch, work)
+        return self._priced(request, tenant, kind, chat, work, prompt, prompt.count)
 
     async def count(self, request: ProxyRequest, uncounted: Uncounted) -> Refusal | None:
         """Price a request whose prompt ``price_now`` could not count on the event loop."""
         batch = uncounted.batch
         try:
             if batch is None:
-                prompt = await self._encode(request, request.body, len(request.raw_body))
+                prompt = await self._encode(request, uncounted.body, len(request.raw_body))
                 prompt_tokens: int | list[int] = prompt.count
             else:
                 each = [
@@ -106,12 +125,14 @@ class Pricer:
             log.warning("counting a prompt with a replica of %s failed: %r", request.model, exc)
             message = f"Cannot count the prompt's tokens with a replica of '{request.model}'."
             return refusals.no_replica(message, self._config.no_replica_retry_after_s, self._config)
-        return self._priced(request, uncounted.tenant, uncounted.chat, uncounted.work, prompt, prompt_tokens)
+        tenant, kind, chat, work = uncounted.tenant, uncounted.work_kind, uncounted.chat, uncounted.work
+        return self._priced(request, tenant, kind, chat, work, prompt, prompt_tokens)
 
     def _priced(
         self,
         request: ProxyRequest,
         tenant: Tenant,
+        kind: Work,
         chat: bool,
         work: Requested,
         prompt: PromptTokens,
@@ -128,7 +149,7 @@ class Pricer:
         )
         if isinstance(cost, InvalidRequest):
             return _invalid(cost)
-        forwarded = capped_body(request.body, chat, cost.max_tokens)
+        forwarded = _capped(request.body, kind, cost.max_tokens)
         if forwarded is not None:
             request.body = forwarded
         if forwarded is not None or request.usage_injected:
@@ -173,6 +194,16 @@ class Pricer:
             url = serving[0].url if serving else ""
             headers = replica_headers(serving[0]) if serving else None
         return await self.encoder.encode(request.model, body, size_bytes, self.session, url, headers)
+
+
+def _capped(body: dict[str, Any], kind: Work, max_tokens: int) -> dict[str, Any] | None:
+    """The body to forward so the replica's cap is the one priced (None: the client's as it is). A
+    response's cap is ``max_output_tokens``; a route that decodes nothing has none."""
+    if kind is Work.CHAT or kind is Work.COMPLETION:
+        return capped_body(body, kind is Work.CHAT, max_tokens)
+    if kind is Work.RESPONSES and body.get("max_output_tokens") != max_tokens:
+        return {**body, "max_output_tokens": max_tokens}
+    return None
 
 
 def _bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:

@@ -1,4 +1,5 @@
-"""The hot path: ``POST /v1/chat/completions`` and ``POST /v1/completions`` as raw ASGI.
+"""The hot path: ``POST /v1/chat/completions``, ``POST /v1/completions`` and every other route of
+``kvgate.gateway.request_path.surface.PROXIED`` as raw ASGI.
 
 ``Proxy._serve`` is the request's life, read top to bottom, each step a call into its owner:
 parse (here) → price (``Pricer``) → admit and route (``Dispatcher``, which may queue it) → proxy
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from kvgate.admission import refusals
 from kvgate.admission.decision import Refusal
 from kvgate.config.auth import AuthConfig
 from kvgate.config.server import Server
@@ -53,6 +55,7 @@ from kvgate.gateway.request_path.forwarding import (
 from kvgate.gateway.request_path.handoff import Handoff
 from kvgate.gateway.request_path.pricing import Uncounted
 from kvgate.gateway.request_path.relay import Relay
+from kvgate.gateway.request_path.surface import USAGE_INJECTED
 from kvgate.gateway.state import GatewayState, ProxyRequest
 from kvgate.vocabulary.replica import Role
 
@@ -81,8 +84,13 @@ class Proxy:
         self._clock = path.clock
         self._pricer = path.pricer
         self._dispatcher = path.dispatcher
-        self._accounting = path.accounting
         self._metrics = path.metrics
+        self._accounting = path.accounting
+        self._tenants = path.dispatcher.controller.tenants
+        self._admission_config = path.dispatcher.controller.config
+        self._fleet = path.fleet
+        self._aliases = {alias: name for name, m in state.models.items() for alias in m.aliases}
+        """Public names clients may send for a served model (``models[].aliases``)."""
         self._relay = Relay(
             client,
             path.fleet,
@@ -159,7 +167,27 @@ class Proxy:
         refusal = self._pricer.price_now(request)
         if isinstance(refusal, Uncounted):
             refusal = await self._pricer.count(request, refusal)
-        outcome = refusal if refusal is not None else self._dispatcher.admit_now(request)
+        if refusal is not None:
+            await self._refuse(send, request, refusal_error(refusal))
+            return
+        admission = request.admission
+        assert admission is not None, "priced"
+        tenant = admission.tenant
+        limit = self._tenants.open_request(tenant, request.arrived_s)
+        if limit is not None:
+            refusal = refusals.over_request_limit(tenant, limit, self._admission_config)
+            pool = self._fleet.pool_of(request.model)
+            self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
+            await self._refuse(send, request, refusal_error(refusal))
+            return
+        try:
+            await self._admitted(request, send)
+        finally:
+            self._tenants.close_request(tenant)
+
+    async def _admitted(self, request: ProxyRequest, send: Send) -> None:
+        """A priced request its tenant's request limits let in: admitted, routed, relayed, released."""
+        outcome = self._dispatcher.admit_now(request)
         if not isinstance(outcome, (Route, Refusal)):
             outcome = await outcome
         if isinstance(outcome, Refusal):
@@ -211,7 +239,7 @@ class Proxy:
 
     async def _refuse(self, send: Send, request: ProxyRequest, error: GatewayError) -> None:
         """Answer ``request`` with ``error``: counted, kept for its record, rendered."""
-        self._metrics.count_error(error)
+        self._metrics.count_error(error, request.model, request.endpoint, request.tenant)
         request.status = error.status
         request.error = error
         await send_error(send, error, request.x_request_id, request.edge)
@@ -272,13 +300,17 @@ class Proxy:
         if not isinstance(model, str):
             raise BadRequest("`model` is required and must be a string", param="model")
         if model not in self._state.models:
-            raise ModelNotFound(model)
+            served = self._aliases.get(model)
+            if served is None:
+                raise ModelNotFound(model)
+            model = body["model"] = served
+            raw = orjson.dumps(body)
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise BadRequest("`stream` must be a boolean", param="stream")
         headers = upstream_headers(forward, x_request_id, self._forward_credentials)
         injected = False
-        if stream:
+        if stream and endpoint in USAGE_INJECTED:
             options = body.get("stream_options")
             if not isinstance(options, dict) or options.get("include_usage") is not True:
                 body["stream_options"] = {

@@ -6,10 +6,12 @@ elsewhere; after the first byte a failure ends the stream with an error event an
 whole response is read, its usage taken, and sent with its length. A stream's SSE chunks are relayed
 as they arrive, never re-assembled into lines or re-serialised; counting ``data:`` events per chunk
 is the token count (one event per engine step per sequence carries about one token), reported to
-``Accounting`` (first token, produced every few events, finished with the inter-token gaps: the
-moments on the gateway's clock, the gaps between reads on the event loop's). The usage-only chunk
-the gateway asked for (``stream_options.include_usage``) is read for the replica's token counts and
-taken out before the client sees it. Every answer is passive health for the replica
+``Accounting`` (a whole response's arrival, which is no first token; a stream's first token,
+produced every few events, finished with the inter-token gaps: the moments on the gateway's clock,
+the gaps between reads on the event loop's); a Responses stream counts its ``output_text.delta``
+events and reads its usage from ``response.completed``. The usage-only chunk the gateway asked for
+(``stream_options.include_usage``) is read for the replica's token counts and taken out before the
+client sees it. Every answer is passive health for the replica
 (``Fleet.observe``).
 
 Where the edge offers a ``RequestEdge`` (``kvgate.gateway.edge.http_protocol.REQUEST_EDGE``), a stream's
@@ -37,6 +39,7 @@ from kvgate.gateway.replicas.replica_http import ReplicaClient, ReplicaResponse
 from kvgate.gateway.request_path.accounting import Accounting
 from kvgate.gateway.request_path.forwarding import NOT_RELAYED, SET_COOKIE, relay_headers
 from kvgate.gateway.request_path.handoff import handoff_params, prefill_body
+from kvgate.gateway.request_path.surface import RESPONSES_PATH
 from kvgate.gateway.state import ProxyRequest, ReplicaState
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
 from kvgate.vocabulary.clock import Clock
@@ -52,6 +55,10 @@ _USAGE_ONLY = b'"choices":[]'
 _CARRY_MAX_BYTES = 1 << 20
 """An unfinished event longer than this is relayed as it is rather than held back."""
 _DONE_EVENT = b"data: [DONE]\n\n"
+_TOKEN_EVENT = b"data: "
+_RESPONSES_DELTA = b'"type":"response.output_text.delta"'
+"""A Responses stream's token event: its other events (created, item added, done) carry none."""
+_RESPONSES_DONE = b'"type":"response.completed"'
 _EVENT_ENDS = (b"\n\n", b"\r\n\r\n")
 
 
@@ -106,10 +113,10 @@ class Relay:
                 body = await response.read() if whole is None else whole
                 if status == 200:
                     now_s = self._clock()
-                    accounting.first_token(request, replica, now_s)
+                    accounting.answered_whole(request, now_s)
                     _read_usage(request, body)
                 request.response_started = True
-                self._metrics.count_relayed(status)
+                self._metrics.count_relayed(status, request.model, request.endpoint, request.tenant)
                 request.status = status
                 edge = request.edge
                 if edge is None or not edge.respond(status, headers, body):
@@ -119,7 +126,7 @@ class Relay:
                     accounting.finished(request, replica, None, self._clock())
                 return None
             request.response_started = True
-            self._metrics.count_relayed(status)
+            self._metrics.count_relayed(status, request.model, request.endpoint, request.tenant)
             request.status = status
             await send({"type": "http.response.start", "status": status, "headers": headers})
             itl_s, gaps_s = await self._stream(request, replica, response, send)
@@ -177,7 +184,7 @@ class Relay:
                 headers = relay_headers(response.headers, request.x_request_id, self._not_relayed)
                 request.response_started = True
                 request.status = status
-                self._metrics.count_relayed(status)
+                self._metrics.count_relayed(status, request.model, request.endpoint, request.tenant)
                 await send_whole(send, request.edge, status, headers, body)
                 return None
             params = handoff_params(body)
@@ -272,6 +279,7 @@ class _StreamCount:
     __slots__ = (
         "_accounting",
         "_clock",
+        "_marker",
         "_replica",
         "_report_at",
         "_request",
@@ -291,6 +299,7 @@ class _StreamCount:
         self._accounting = accounting
         self._clock = clock
         self._strip = request.usage_injected
+        self._marker = _RESPONSES_DELTA if request.endpoint == RESPONSES_PATH else _TOKEN_EVENT
         self._report_at = _PRODUCED_REPORT_EVENTS
         self.events = 0
         self.first_s = self.last_s = 0.0
@@ -313,7 +322,10 @@ class _StreamCount:
                 chunk = chunk[:cut]
                 if not chunk:
                     return chunk
-        count = chunk.count(b"data: ")
+        marker = self._marker
+        count = chunk.count(marker)
+        if marker is _RESPONSES_DELTA and _RESPONSES_DONE in chunk:
+            _take_responses_usage(self._request, chunk)
         if count:
             tokens = count
             if _USAGE_ONLY in chunk:
@@ -345,8 +357,11 @@ def _retry_after_s(value: bytes | None) -> float | None:
 
 
 def _record_usage(request: ProxyRequest, usage: object) -> None:
+    """A replica's token counts: ``prompt_tokens``/``completion_tokens``, or a Responses answer's
+    ``input_tokens``/``output_tokens``."""
     if isinstance(usage, dict):
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
         if isinstance(prompt, int):
             request.prompt_tokens = prompt
         if isinstance(completion, int):
@@ -354,6 +369,19 @@ def _record_usage(request: ProxyRequest, usage: object) -> None:
         details = usage.get("prompt_tokens_details")
         if isinstance(details, dict) and isinstance(cached := details.get("cached_tokens"), int):
             request.cached_tokens = cached
+
+
+def _take_responses_usage(request: ProxyRequest, chunk: bytes) -> None:
+    """The usage of a Responses stream, from its ``response.completed`` event's response."""
+    for event in chunk.split(b"\n\n"):
+        if _RESPONSES_DONE in event:
+            start = event.find(b"data: ")
+            try:
+                parsed = orjson.loads(event[start + 6 :]) if start >= 0 else None
+            except orjson.JSONDecodeError:
+                return
+            if isinstance(parsed, dict) and isinstance(parsed.get("response"), dict):
+                _record_usage(request, parsed["response"].get("usage"))
 
 
 def _read_usage(request: ProxyRequest, body: bytes) -> None:

@@ -209,7 +209,7 @@ class EventSeries:
             "Answers of the completion routes by HTTP code and reason: `replica` when the status is "
             "the replica's, else why the gateway answered so (an admission reason, invalid_request, "
             "unauthorized, model_not_found, payload_too_large, upstream_error, upstream_timeout, ...).",
-            ["code", "reason"],
+            ["code", "reason", "model", "route", "tenant"],
         )
         self.upstream_errors = counter(
             "kvgate_upstream_errors",

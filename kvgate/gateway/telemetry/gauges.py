@@ -11,10 +11,11 @@ copy. The series recorded per event are in ``kvgate/gateway/telemetry/event_seri
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvgate.admission.coordination_gate import CoordinationStatus
@@ -38,6 +39,8 @@ WORK_GAUGES = (
     "kvgate_autoscaler_decision_info",
 )
 """Every gauge ``WorkGauges`` writes."""
+FORECAST_GAUGES = ("kvgate_autoscaler_forecast_replicas", "kvgate_autoscaler_forecast_error_replicas")
+"""Exported for a pool only once its policy's forecast has history (``forecast.enabled``)."""
 INFO_GAUGES = ("kvgate_build_info",)
 COORDINATION_SERIES = (
     "kvgate_coordination_up",
@@ -162,11 +165,27 @@ def _desired_families(answers: Mapping[str, Desired]) -> Iterator[Metric]:
         "1 for the reason of the policy's last recommendation for a pool.",
         labels=["pool", "reason"],
     )
+    forecast = GaugeMetricFamily(
+        "kvgate_autoscaler_forecast_replicas",
+        "Demand the autoscaling policy's forecast expects over its lead, in replicas.",
+        labels=["pool"],
+    )
+    error = GaugeMetricFamily(
+        "kvgate_autoscaler_forecast_error_replicas",
+        "The latest forecast whose lead has passed minus the most demand that came over it, in replicas.",
+        labels=["pool"],
+    )
     for pool, answer in sorted(answers.items()):
         desired.add_metric([pool], float(answer.replicas))
         info.add_metric([pool, answer.reason], 1.0)
+        if answer.forecast_replicas is not None:
+            forecast.add_metric([pool], answer.forecast_replicas)
+        if answer.forecast_error_replicas is not None:
+            error.add_metric([pool], answer.forecast_error_replicas)
     yield desired
     yield info
+    yield forecast
+    yield error
 
 
 class CoordinationGauges(Collector):
@@ -233,7 +252,18 @@ class PromiseCounters(Collector):
         )
         for outcome in PROMISE_OUTCOMES:
             family.add_metric([outcome], float(getattr(counts, outcome)))
-        return [family]
+        errors = counts.errors
+        histogram = HistogramMetricFamily(
+            "kvgate_promise_forecast_error_seconds",
+            "When a promise's room was there less the time promised (negative: the room waited for "
+            "the client; positive: the client came back before its room), observed when it is kept, "
+            "broken, or lapses with its room held.",
+        )
+        cumulative = list(itertools.accumulate(errors.counts))
+        bounds = [f"{bound:g}" for bound in errors.bounds_s] + ["+Inf"]
+        buckets = [(bound, float(n)) for bound, n in zip(bounds, cumulative, strict=True)]
+        histogram.add_metric([], buckets, errors.sum_s)
+        return [family, histogram]
 
 
 class ItlGuardGauges(Collector):

@@ -103,6 +103,7 @@ class GatewayMetrics:
         *,
         clock: Clock = time.monotonic,
         window_s: float = 60.0,
+        tenant_label: bool = False,
     ) -> None:
         self.registry = r = CollectorRegistry(auto_describe=False)
         self.signals = SignalsWindow(clock, window_s=window_s)
@@ -118,8 +119,11 @@ class GatewayMetrics:
         self._coordination_bound = False
         self._series: dict[tuple[str, str], _Series] = {}
         self._decided: dict[tuple[str, str, str, str], _Decisions] = {}
-        self._relayed: dict[int, Count] = {}
-        self._refused: dict[tuple[type[GatewayError], str | None], Count] = {}
+        self._tenant_label = tenant_label
+        """Label answers with their tenant (``metrics.tenant_label``); else the tenant label is empty."""
+        self._relayed: dict[str, dict[str, dict[str, dict[int, Count]]]] = {}
+        """Model → route → tenant → status: nested so that counting an answer allocates nothing."""
+        self._refused: dict[tuple[str, str, str, type[GatewayError], str | None], Count] = {}
         self._replicas: dict[str, _ReplicaSeries] = {}
 
     def bind(self, work_source: PoolWorkSource) -> None:
@@ -264,20 +268,28 @@ class GatewayMetrics:
         for outcome in RETRY_OUTCOMES:
             self._events.retries.labels(pool, outcome)
 
-    def count_relayed(self, status: int) -> None:
+    def count_relayed(self, status: int, model: str = "", route: str = "", tenant: str | None = None) -> None:
         """An answer whose status the replica chose reached the client (its headers did)."""
-        count = self._relayed.get(status)
-        if count is None:
-            count = self._relayed[status] = self._events.responses.labels(str(status), RELAYED)
+        tenant_value = (tenant or "") if self._tenant_label else ""
+        try:
+            count = self._relayed[model][route][tenant_value][status]
+        except KeyError:
+            count = self._events.responses.labels(str(status), RELAYED, model, route, tenant_value)
+            by_route = self._relayed.setdefault(model, {}).setdefault(route, {})
+            by_route.setdefault(tenant_value, {})[status] = count
         count.value += 1
 
-    def count_error(self, error: GatewayError) -> None:
-        """The gateway answered ``error`` on a completion route."""
-        key = (type(error), error.reason)
+    def count_error(
+        self, error: GatewayError, model: str = "", route: str = "", tenant: str | None = None
+    ) -> None:
+        """The gateway answered ``error`` on a proxied route (``model`` empty when the request
+        named none it serves)."""
+        tenant_value = (tenant or "") if self._tenant_label else ""
+        key = (model, route, tenant_value, type(error), error.reason)
         count = self._refused.get(key)
         if count is None:
             count = self._refused[key] = self._events.responses.labels(
-                str(error.status), response_reason(error)
+                str(error.status), response_reason(error), model, route, tenant_value
             )
         count.value += 1
 
@@ -345,8 +357,15 @@ class GatewayMetrics:
         gives at every scrape."""
         self.registry.register(PrefixCacheSources(sources))
 
-    def set_desired_replicas(self, pool: str, replicas: int, reason: str) -> None:
-        self.signals.set_desired(pool, replicas, reason)
+    def set_desired_replicas(
+        self,
+        pool: str,
+        replicas: int,
+        reason: str,
+        forecast_replicas: float | None = None,
+        forecast_error_replicas: float | None = None,
+    ) -> None:
+        self.signals.set_desired(pool, replicas, reason, forecast_replicas, forecast_error_replicas)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

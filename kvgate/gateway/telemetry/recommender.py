@@ -32,7 +32,9 @@ class GatewayRecommender:
     def recommend(self) -> list[Recommendation]:
         recommendations = self._autoscaler.update(pool_signals(self._metrics.signals_doc(), self._clock()))
         for rec in recommendations:
-            self._metrics.set_desired_replicas(rec.pool, rec.desired_replicas, rec.reason)
+            self._metrics.set_desired_replicas(
+                rec.pool, rec.desired_replicas, rec.reason, rec.forecast_replicas, rec.forecast_error_replicas
+            )
         return recommendations
 
     async def run(self) -> None:

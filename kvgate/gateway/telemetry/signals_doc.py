@@ -38,6 +38,10 @@ class Desired:
 
     replicas: int
     reason: str
+    forecast_replicas: float | None = None
+    """Demand the policy's forecast expects over its lead, in replicas (None: no forecast)."""
+    forecast_error_replicas: float | None = None
+    """The latest forecast whose lead has passed minus the most demand that came over it."""
 
 
 class SignalsWindow:
@@ -67,8 +71,15 @@ class SignalsWindow:
             window = decisions[decision] = CountWindow(self.window_s)
         return window
 
-    def set_desired(self, pool: str, replicas: int, reason: str) -> None:
-        self._desired[pool] = Desired(replicas, reason)
+    def set_desired(
+        self,
+        pool: str,
+        replicas: int,
+        reason: str,
+        forecast_replicas: float | None = None,
+        forecast_error_replicas: float | None = None,
+    ) -> None:
+        self._desired[pool] = Desired(replicas, reason, forecast_replicas, forecast_error_replicas)
 
     def desired(self) -> Mapping[str, Desired]:
         return dict(self._desired)
