@@ -51,6 +51,9 @@ def test_every_marker_is_well_formed_and_sits_above_a_table() -> None:
                 assert table.marker is not None, f"{table.where}: malformed marker {table.above!r}"
 
 
+HEAD = "| trace | good % |\n|---|---|\n"
+
+
 def doc(tmp_path: Path, marker: str, body: str) -> Path:
     docs = tmp_path / "docs"
     docs.mkdir()
@@ -65,6 +68,7 @@ def doc(tmp_path: Path, marker: str, body: str) -> Path:
         ("lab v1\n|trace|good %|\n|:--|--:|\n|below|99.9|\n", 0),  # padding and alignment aside
         ("| trace | good % |\n|---|---|\n| below | 100.0 |\n", 1),
         ("no table\n", 1),
+        (f"{HEAD}| over | 1.0 |\n\nrun 2\n{HEAD}| below | 99.8 |\n", 1),
     ],
 )
 def test_docs_check_fails_when_a_rerun_prints_another_table(
@@ -75,6 +79,16 @@ def test_docs_check_fails_when_a_rerun_prints_another_table(
     marker = f'<!-- table: command="cat {printer}" at="5d86b1b 2026-12-07" check="rerun" -->'
     docs = doc(tmp_path, marker, "| below | 99.9 |")
     assert len(rerun(docs, tmp_path)) == problems
+
+
+def test_docs_check_reads_one_table_per_run_as_the_documents_one(tmp_path: Path) -> None:
+    printer = tmp_path / "printed.txt"
+    printer.write_text(f"run 1\n{HEAD}| below | 99.9 |\n\nrun 2\n{HEAD}| over | 71.0 |\n")
+    marker = f'<!-- table: command="cat {printer}" at="5d86b1b 2026-12-07" check="rerun" -->'
+    docs = doc(tmp_path, marker, "| below | 99.9 |\n| over | 71.0 |")
+    assert rerun(docs, tmp_path) == []
+    (docs / "lab.md").write_text((docs / "lab.md").read_text().replace("71.0", "70.9"))
+    assert len(rerun(docs, tmp_path)) == 1
 
 
 def test_docs_check_runs_no_measured_table(tmp_path: Path) -> None:
