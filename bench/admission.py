@@ -28,20 +28,13 @@ from pathlib import Path
 
 import aiohttp
 
+from bench.harness import overload
 from bench.harness.cli import benchmark_parser, recorded
-from bench.harness.fleet import SimSpec, serve_sim
+from bench.harness.fleet import serve_sim
 from bench.harness.gateway import serve_gateway
-from bench.harness.gateway_config import Pool, gateway_config
-from bench.harness.metrics import scrape_all
+from bench.harness.gateway_config import gateway_config
 from bench.harness.processes import children
 from kvgate.sim.ports import free_ports
-
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-KV_CAPACITY_TOKENS = 20000
-MAX_NUM_SEQS = 64
-MAX_TOKENS = 200
-PROMPT_WORDS = 300
-PREEMPTIONS = "vllm:num_preemptions_total"
 
 
 @dataclass(slots=True)
@@ -61,10 +54,6 @@ class Phase:
     preemptions: float = 0.0
 
 
-async def _preemptions(session: aiohttp.ClientSession, urls: list[str]) -> float:
-    return (await scrape_all(session, urls, (PREEMPTIONS,))).sum(PREEMPTIONS)
-
-
 async def _one(session: aiohttp.ClientSession, url: str, prompt: str, retries: int) -> Outcome:
     outcome = Outcome()
     try:
@@ -78,7 +67,7 @@ async def _one(session: aiohttp.ClientSession, url: str, prompt: str, retries: i
 async def _attempts(
     session: aiohttp.ClientSession, url: str, prompt: str, retries: int, outcome: Outcome
 ) -> None:
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+    body = overload.body(prompt)
     first_reject_s: float | None = None
     for attempt in range(retries + 1):
         start = time.monotonic()
@@ -113,7 +102,7 @@ def _config(
     replica_urls: list[str], port: int, admission: bool, max_queue_wait_s: float
 ) -> dict[str, object]:
     return gateway_config(
-        Pool(replica_urls, kv_capacity_tokens=KV_CAPACITY_TOKENS, max_sequences=MAX_NUM_SEQS),
+        overload.pool(replica_urls),
         port=port,
         health={"interval_s": 0.5},
         admission={"enabled": admission, "max_queue_wait_s": max_queue_wait_s},
@@ -141,7 +130,7 @@ async def _phase(
                 started, session, config, out / f"gateway-{name.replace(' ', '-')}.yaml"
             )
             url = gateway.url
-            before = await _preemptions(session, replica_urls)
+            before = await overload.preemptions(session, replica_urls)
             start = time.monotonic()
             tasks = []
             for at_s, prompt in zip(arrivals_s, prompts, strict=True):
@@ -150,7 +139,7 @@ async def _phase(
                     await asyncio.sleep(delay)
                 tasks.append(asyncio.create_task(_one(session, url, prompt, retries)))
             phase.outcomes = list(await asyncio.gather(*tasks))
-            phase.preemptions = await _preemptions(session, replica_urls) - before
+            phase.preemptions = await overload.preemptions(session, replica_urls) - before
     return phase
 
 
@@ -199,29 +188,27 @@ def main(argv: list[str] | None = None) -> int:
 
 async def run(args: argparse.Namespace) -> None:
     """The same arrivals through kvgate with admission on, then off, in front of one fleet."""
-    replicas, overload, duration_s, out = args.replicas, args.overload, args.duration_s, args.out
-    kv_tokens = PROMPT_WORDS + MAX_TOKENS
-    resident = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // kv_tokens) * replicas
-    capacity_per_s = resident / (MAX_TOKENS * args.itl_s)
-    rate_per_s = overload * capacity_per_s
+    replicas, duration_s, out = args.replicas, args.duration_s, args.out
+    kv_tokens = overload.PROMPT_WORDS + overload.MAX_TOKENS
+    capacity_per_s = overload.capacity_per_s(replicas, args.itl_s)
+    rate_per_s = args.overload * capacity_per_s
     rng = random.Random(0)
     arrivals_s: list[float] = []
     t = 0.0
     while t < duration_s:
         t += rng.expovariate(rate_per_s)
         arrivals_s.append(t)
-    prompts = [" ".join(f"w{rng.randrange(10**6)}" for _ in range(PROMPT_WORDS // 3)) for _ in arrivals_s]
-    spec = SimSpec(
-        replicas, kv_capacity_tokens=KV_CAPACITY_TOKENS, max_num_seqs=MAX_NUM_SEQS, time_scale=args.time_scale
-    )
+    prompts = [overload.prompt(rng) for _ in arrivals_s]
+    spec = overload.sim_spec(replicas, args.time_scale)
     with children() as started:
         async with aiohttp.ClientSession() as session:
             replica_urls = list((await serve_sim(started, session, spec, output=None)).urls)
         print(
-            f"{replicas} simulated replicas (KV {KV_CAPACITY_TOKENS} tokens, {MAX_NUM_SEQS} seqs, "
+            f"{replicas} simulated replicas (KV {overload.KV_CAPACITY_TOKENS} tokens, "
+            f"{overload.MAX_NUM_SEQS} seqs, "
             f"time scale {args.time_scale:g}), "
             f"~{kv_tokens} KV tokens per request, capacity ~{capacity_per_s:.1f} req/s, offered "
-            f"{rate_per_s:.1f} req/s ({overload}x) for {duration_s:.0f} s; "
+            f"{rate_per_s:.1f} req/s ({args.overload}x) for {duration_s:.0f} s; "
             f"sim, gateway and driver in separate processes"
         )
         phases = [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import random
 import sys
 import tempfile
@@ -13,17 +12,11 @@ from pathlib import Path
 import aiohttp
 
 import bench.coordination as package
-from bench.coordination.phase import (
-    KV_CAPACITY_TOKENS,
-    MAX_NUM_SEQS,
-    MAX_TOKENS,
-    PROMPT_WORDS,
-    Phase,
-    run_phase,
-)
+from bench.coordination.phase import Phase, run_phase
 from bench.coordination.table import plot, row, table
+from bench.harness import overload
 from bench.harness.cli import benchmark_parser, recorded
-from bench.harness.fleet import SimSpec, start_sim
+from bench.harness.fleet import start_sim
 from bench.harness.processes import children
 from bench.harness.redis import start_redis
 from kvgate.admission.tokenizer import TiktokenTokenizer
@@ -53,22 +46,20 @@ def main(argv: list[str] | None = None) -> int:
 
 async def run(args: argparse.Namespace) -> None:
     png = args.png or args.out / "coordination.png"
-    estimated = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // (PROMPT_WORDS + MAX_TOKENS)) * args.replicas
-    capacity_per_s = estimated / (MAX_TOKENS * args.itl_s)
+    capacity_per_s = overload.capacity_per_s(args.replicas, args.itl_s)
     rate_per_s = args.overload * capacity_per_s
     rng = random.Random(0)
     arrivals: list[tuple[float, str, str]] = []
     t = rng.expovariate(rate_per_s)
     while t < args.duration_s:
-        prompt = " ".join(f"w{rng.randrange(10**6)}" for _ in range(PROMPT_WORDS // 3))
+        prompt = overload.prompt(rng)
         arrivals.append((t, prompt, "a" if rng.random() < args.share_a else "b"))
         t += rng.expovariate(rate_per_s)
     tokens = TiktokenTokenizer.from_name()
-    kv_tokens = max(tokens.count(prompt) for _, prompt, _ in arrivals) + MAX_TOKENS
-    fits = min(MAX_NUM_SEQS, KV_CAPACITY_TOKENS // kv_tokens) * args.replicas
+    kv_tokens = max(tokens.count(prompt) for _, prompt, _ in arrivals) + overload.MAX_TOKENS
+    fits = overload.resident(args.replicas, kv_tokens)
     redis_port = free_ports()
-    spec = SimSpec(args.replicas, kv_capacity_tokens=KV_CAPACITY_TOKENS, max_num_seqs=MAX_NUM_SEQS)
-    spec = dataclasses.replace(spec, time_scale=args.time_scale)
+    spec = overload.sim_spec(args.replicas, args.time_scale)
     with children() as started, tempfile.TemporaryDirectory() as redis_dir:
         redis = start_redis(started, redis_port, cwd=Path(redis_dir))
         sim = start_sim(started, spec, output=None)
@@ -79,7 +70,8 @@ async def run(args: argparse.Namespace) -> None:
         async with aiohttp.ClientSession() as session:
             await sim.ready(session)
         print(
-            f"{args.replicas} simulated replicas (KV {KV_CAPACITY_TOKENS} tokens each, {fits} requests "
+            f"{args.replicas} simulated replicas (KV {overload.KV_CAPACITY_TOKENS} tokens each, "
+            f"{fits} requests "
             f"of up to {kv_tokens} KV tokens fit them), capacity ~{capacity_per_s:.1f} req/s, offered "
             f"{rate_per_s:.1f} req/s ({args.overload}x) for {args.duration_s:.0f} s, tenant a "
             f"{args.share_a:.0%} of requests; {len(plan)} phases",

@@ -16,19 +16,14 @@ from typing import Any
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench.harness import overload
 from bench.harness.gateway import start_gateway
-from bench.harness.gateway_config import Pool, gateway_config
-from bench.harness.metrics import scrape, scrape_all
+from bench.harness.gateway_config import gateway_config
+from bench.harness.metrics import scrape
 from bench.harness.processes import children
 from bench.harness.ready import NotReady
 from kvgate.sim.ports import free_ports
 
-MODEL = "meta-llama/Llama-3.1-8B-Instruct"
-KV_CAPACITY_TOKENS = 20000
-MAX_NUM_SEQS = 64
-MAX_TOKENS = 200
-PROMPT_WORDS = 300
-PREEMPTIONS = "vllm:num_preemptions_total"
 RESIDENT = "kvgate_resident_sequences"
 TENANTS = {"a": "sk-bench-a", "b": "sk-bench-b"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -76,10 +71,6 @@ async def _script_calls(redis_url: str) -> int:
     return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval"))
 
 
-async def _preemptions(session: aiohttp.ClientSession, urls: list[str]) -> float:
-    return (await scrape_all(session, urls, (PREEMPTIONS,))).sum(PREEMPTIONS)
-
-
 async def _watch_gateways(
     session: aiohttp.ClientSession, urls: list[str], phase: Phase, stop: asyncio.Event
 ) -> None:
@@ -100,7 +91,7 @@ async def _one(
     retries: int,
 ) -> Outcome:
     outcome = Outcome(tenant)
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "ignore_eos": True, "stream": True}
+    body = overload.body(prompt)
     first_s = time.monotonic()
     try:
         for attempt in range(retries + 1):
@@ -125,7 +116,7 @@ async def _one(
                         outcome.ttft_s = last_s - first_s
                         if attempt >= 1 and outcome.first_retry_ok is None:
                             outcome.first_retry_ok = attempt == 1
-                outcome.itl_s = (last_s - first_token_s) / (MAX_TOKENS - 1)
+                outcome.itl_s = (last_s - first_token_s) / (overload.MAX_TOKENS - 1)
                 outcome.finished = True
                 return outcome
     except aiohttp.ClientError as exc:
@@ -135,7 +126,7 @@ async def _one(
 
 def _config(replica_urls: list[str], port: int, redis_url: str | None, namespace: str) -> dict[str, Any]:
     config = gateway_config(
-        Pool(replica_urls, kv_capacity_tokens=KV_CAPACITY_TOKENS, max_sequences=MAX_NUM_SEQS),
+        overload.pool(replica_urls),
         port=port,
         health={"interval_s": 0.5},
         admission={
@@ -182,7 +173,7 @@ async def run_phase(
                 except NotReady:
                     print((out / f"gateway-{namespace}-{i}.log").read_text()[-3000:], file=sys.stderr)
                     raise
-            before = await _preemptions(session, replica_urls)
+            before = await overload.preemptions(session, replica_urls)
             cpu_before = sum(_cpu_s(p.pid) for p in procs)
             redis_before = _cpu_s(redis_pid)
             calls_before = await _script_calls(redis_url)
@@ -204,7 +195,7 @@ async def run_phase(
             await watcher
             phase.gateway_cpu_s = sum(_cpu_s(p.pid) for p in procs) - cpu_before
             phase.redis_cpu_s = _cpu_s(redis_pid) - redis_before
-            after = await _preemptions(session, replica_urls)
+            after = await overload.preemptions(session, replica_urls)
             phase.preemptions = after - before
             phase.syncs = (await _script_calls(redis_url) - calls_before) / phase.duration_s
     return phase

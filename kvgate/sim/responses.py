@@ -5,7 +5,8 @@ The request is read as a chat (``instructions`` as the system message, ``input``
 with one assistant message of ``output_text``, and ``usage`` in input and output tokens. Streamed,
 it is vLLM's typed events, each ``event: <type>`` then ``data: <json>``: created, in progress, the
 output item and content part added, one ``response.output_text.delta`` per token, then the text,
-part and item done and ``response.completed`` carrying the whole response with its usage.
+part and item done and ``response.completed`` carrying the whole response with its usage. In a
+prefill/decode pair it takes and answers ``kv_transfer_params`` as the chat routes do.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def chat_body(body: dict[str, Any]) -> dict[str, Any] | ApiError:
             chat[name] = body[name]
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
-    for name in ("ignore_eos", "min_tokens"):
+    for name in ("ignore_eos", "min_tokens", "kv_transfer_params"):
         if name in body:
             chat[name] = body[name]
     return chat
@@ -124,7 +125,7 @@ class ResponsesExchange(Exchange):
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": self.prompt_tokens + output_tokens,
         }
-        return {
+        response: dict[str, Any] = {
             "id": "resp_" + self.response_id,
             "object": "response",
             "created_at": self.created,
@@ -146,6 +147,9 @@ class ResponsesExchange(Exchange):
             "truncation": "disabled",
             "usage": usage if completed else None,
         }
+        if self.kv_transfer_params is not None:
+            response["kv_transfer_params"] = self.kv_transfer_params
+        return response
 
     def _part_event(self, kind: str, **fields: Any) -> bytes:
         return self._event(kind, item_id=self.item_id, output_index=0, content_index=0, **fields)

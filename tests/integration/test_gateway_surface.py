@@ -78,3 +78,25 @@ async def test_vllm_pooling_score_rerank_and_tokens_routes(fleet: SimFleet) -> N
         await assert_idle(gw)
         metrics = (await http.get("/metrics")).text
         assert "kvgate_responses_total{" in metrics
+
+
+async def test_pooling_and_tokens_are_served_by_a_prefill_replica_and_responses_by_the_pair() -> None:
+    from tests.integration.test_gateway_pd import pd_config, pd_fleet
+
+    async with (
+        pd_fleet(prefill=1, decode=1) as fleet,
+        running_gateway(pd_config(fleet, prefill=1)) as gw,
+        httpx.AsyncClient(base_url=gw.url, timeout=30) as http,
+    ):
+        decode = fleet.replicas[1]
+        embedded = await http.post("/v1/embeddings", json={"model": MODEL, "input": ["a", "b"]})
+        assert embedded.status_code == 200 and len(embedded.json()["data"]) == 2
+        tokens = await http.post("/tokenize", json={"model": MODEL, "prompt": "the cache"})
+        assert tokens.status_code == 200 and tokens.json()["count"] > 0
+        assert sum(decode.engine.stats.request_success.values()) == 0, "nothing to decode went to decode"
+        body = {"model": MODEL, "input": "hi", "max_output_tokens": 4}
+        answer = await http.post("/v1/responses", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["usage"]["output_tokens"] == 4
+        assert sum(decode.engine.stats.request_success.values()) == 1, "a response decodes on the pair"
+        await assert_idle(gw)

@@ -22,14 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "architecture.md"
 MODULE_LINE_LIMIT = 450
 ROOM_SHARE_LIMIT = 0.25
-BEING_SPLIT = frozenset(
-    {
-        "kvgate/sim/replica.py",
-        "kvgate/gateway/edge/http_protocol.py",
-        "kvgate/gateway/request_path/dispatcher.py",
-    }
-)
-"""Over the limit while their split is under way (issue 31); to be emptied, never added to."""
 BENCH_SHARED = frozenset({"__init__", "__main__", "catalog"})
 """``bench``'s own modules: the catalog and ``python -m bench``, the room ``bench``."""
 
@@ -127,7 +119,7 @@ def test_no_module_outside_the_tests_exceeds_the_line_limit() -> None:
         for path in sources()
         if (lines := line_count(path)) > MODULE_LINE_LIMIT
     }
-    assert set(over) <= BEING_SPLIT, over
+    assert not over, over
 
 
 def test_no_room_holds_more_than_a_quarter_of_the_lines() -> None:

@@ -48,6 +48,7 @@ from kvgate.gateway.telemetry.access_log import AccessLog
 from kvgate.gateway.telemetry.fleet_work import FleetWork
 from kvgate.gateway.telemetry.loop_lag import watch_loop_lag
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
+from kvgate.gateway.telemetry.objectives import configured_objectives
 from kvgate.gateway.telemetry.recommender import GatewayRecommender
 from kvgate.vocabulary.clock import Clock
 
@@ -75,6 +76,9 @@ class Gateway:
             self.state, self.path.dispatcher, self.path.fleet, routing.scrape_stale_s, routing.warmup_s, clock
         )
         self.metrics.bind(work)
+        objectives = configured_objectives(config)
+        self.metrics.bind_objectives(objectives)
+        self.path.accounting.objectives = objectives
         cache = self.path.dispatcher.router.cache
         self.metrics.bind_prefix_cache_sources(
             lambda: [

@@ -28,6 +28,7 @@ from kvgate.admission.rates import with_first_token, with_stream_itl
 from kvgate.gateway.replicas.fleet import Fleet
 from kvgate.gateway.state import GatewayState, ProxyRequest, ReplicaState
 from kvgate.gateway.telemetry.metrics import GatewayMetrics
+from kvgate.gateway.telemetry.objectives import Objectives
 
 
 class Accounting:
@@ -43,6 +44,9 @@ class Accounting:
         self._itl_guard = controller.itl_guard
         self._fleet = fleet
         self._metrics = metrics
+        self.objectives: Objectives = {}
+        """Each model's latency objectives, counted against when a gateway binds them
+        (``kvgate.gateway.telemetry.objectives``)."""
 
     def first_token(self, request: ProxyRequest, replica: ReplicaState, now_s: float) -> None:
         """The first token reached the client. A stream's TTFT is recorded now, so the ``/signals``
@@ -60,10 +64,17 @@ class Accounting:
             self._fleet.observe_ttft(replica, ttft_s)
         if self._itl_guard is not None and request.stream:
             self._sample_resident(request, replica.replica_id)
-        if request.admission is not None:
+        admission = request.admission
+        if admission is not None:
+            objectives = self.objectives.get(request.model)
+            if objectives is not None:
+                slo_s = admission.tenant.ttft_slo_s or objectives[0]
+                if slo_s is not None:
+                    pool = replica.pool if request.prefill_replica is None else request.prefill_replica.pool
+                    self._metrics.count_objective(pool, request.model, 0, ttft_s <= slo_s)
             controller = self._controller
             served_s = ttft_s - (request.queue_wait_s or 0.0)
-            prompt_tokens = request.admission.cost.prompt_tokens
+            prompt_tokens = admission.cost.prompt_tokens
             controller.observe_rates(with_first_token(controller.rates, prompt_tokens, served_s))
 
     def answered_whole(self, request: ProxyRequest, now_s: float) -> None:
@@ -98,6 +109,9 @@ class Accounting:
         controller = self._controller
         if itl_s is not None:
             controller.observe_rates(with_stream_itl(controller.rates, itl_s))
+            objectives = self.objectives.get(request.model)
+            if objectives is not None and objectives[1] is not None:
+                self._metrics.count_objective(replica.pool, request.model, 1, itl_s <= objectives[1])
             guard = self._itl_guard
             if guard is not None:
                 self._sample_resident(request, replica.replica_id)

@@ -43,13 +43,14 @@ _PREFILL_PARAMS = {
 
 def prefill_body(body: dict[str, Any]) -> bytes:
     """The request as a prefill replica takes it: one token (``max_tokens`` and, when given,
-    ``max_completion_tokens``), not streamed, without the options a one-token answer cannot honour
-    (``stream_options``, ``min_tokens``), asking its KV connector to keep the prompt's KV for a
-    remote decode."""
+    ``max_completion_tokens`` or a response's ``max_output_tokens``), not streamed, without the
+    options a one-token answer cannot honour (``stream_options``, ``min_tokens``), asking its KV
+    connector to keep the prompt's KV for a remote decode."""
     prefill = {k: v for k, v in body.items() if k not in _NOT_FOR_PREFILL}
     prefill["max_tokens"] = 1
-    if "max_completion_tokens" in body:
-        prefill["max_completion_tokens"] = 1
+    for cap in ("max_completion_tokens", "max_output_tokens"):
+        if cap in body:
+            prefill[cap] = 1
     prefill["stream"] = False
     prefill["kv_transfer_params"] = _PREFILL_PARAMS
     return forwarded_body(prefill)

@@ -3,10 +3,11 @@
 
 ``Proxy._serve`` is the request's life, read top to bottom, each step a call into its owner:
 parse (here) → price (``Pricer``) → admit and route (``Dispatcher``, which may queue it) → proxy
-(``Relay``, retrying on another replica while nothing reached the client; a request routed to a
-prefill replica goes in two hops, ``kvgate.gateway.request_path.handoff``) → account
-(``Accounting``, as the answer streams) → release (``Dispatcher``, once, in ``finally``). A refusal
-at any step is a value, rendered for the client by ``errors.refusal_error``.
+(``Relay``, retrying on another replica while nothing reached the client; a generation routed to
+a prefill replica goes in two hops, ``kvgate.gateway.request_path.handoff``, while a pooling or
+tokenize request is served there whole) → account (``Accounting``, as the answer streams) →
+release (``Dispatcher``, once, in ``finally``). A refusal at any step is a value, rendered for the
+client by ``errors.refusal_error``.
 
 The client's body bytes are forwarded unchanged (parsed once with orjson, only for what decisions
 need), with two documented rewrites, serialised once after pricing: the output cap the gateway
@@ -55,7 +56,7 @@ from kvgate.gateway.request_path.forwarding import (
 from kvgate.gateway.request_path.handoff import Handoff
 from kvgate.gateway.request_path.pricing import Uncounted
 from kvgate.gateway.request_path.relay import Relay
-from kvgate.gateway.request_path.surface import USAGE_INJECTED
+from kvgate.gateway.request_path.surface import PROXIED, USAGE_INJECTED
 from kvgate.gateway.state import GatewayState, ProxyRequest
 from kvgate.vocabulary.replica import Role
 
@@ -167,59 +168,64 @@ class Proxy:
         refusal = self._pricer.price_now(request)
         if isinstance(refusal, Uncounted):
             refusal = await self._pricer.count(request, refusal)
+        if refusal is None:
+            refusal = self._open(request)
         if refusal is not None:
             await self._refuse(send, request, refusal_error(refusal))
             return
+        admitted = request.admission
+        assert admitted is not None, "priced"
+        try:
+            outcome = self._dispatcher.admit_now(request)
+            if not isinstance(outcome, (Route, Refusal)):
+                outcome = await outcome
+            if isinstance(outcome, Refusal):
+                await self._refuse(send, request, refusal_error(outcome))
+                return
+            route: Route = outcome
+            state = self._state
+            try:
+                while True:
+                    replica = route.replica
+                    request.replica = replica
+                    if replica.role is _PREFILL and PROXIED[request.endpoint].decodes:
+                        failure = await self._handoff.serve(request, replica, send)
+                    else:
+                        replica.in_flight += 1
+                        state.in_flight += 1
+                        try:
+                            failure = await self._relay.attempt(request, replica, send)
+                        finally:
+                            replica.in_flight -= 1
+                            state.in_flight -= 1
+                    if failure is None:
+                        return
+                    retry = self._dispatcher.retry(request)
+                    if retry is None:
+                        await self._refuse(send, request, failure)
+                        return
+                    route = retry
+            finally:
+                state.served += 1
+                self._dispatcher.release(request)
+                self._accounting.closed(request, route.replica)
+        finally:
+            self._tenants.close_request(admitted.tenant)
+
+    def _open(self, request: ProxyRequest) -> Refusal | None:
+        """Let a priced request in under its tenant's request limits, or the refusal that says which
+        one holds it back (counted as an admission decision). Every request let in is closed once,
+        in ``_serve``'s ``finally``."""
         admission = request.admission
         assert admission is not None, "priced"
         tenant = admission.tenant
         limit = self._tenants.open_request(tenant, request.arrived_s)
-        if limit is not None:
-            refusal = refusals.over_request_limit(tenant, limit, self._admission_config)
-            pool = self._fleet.pool_of(request.model)
-            self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
-            await self._refuse(send, request, refusal_error(refusal))
-            return
-        try:
-            await self._admitted(request, send)
-        finally:
-            self._tenants.close_request(tenant)
-
-    async def _admitted(self, request: ProxyRequest, send: Send) -> None:
-        """A priced request its tenant's request limits let in: admitted, routed, relayed, released."""
-        outcome = self._dispatcher.admit_now(request)
-        if not isinstance(outcome, (Route, Refusal)):
-            outcome = await outcome
-        if isinstance(outcome, Refusal):
-            await self._refuse(send, request, refusal_error(outcome))
-            return
-        route: Route = outcome
-        state = self._state
-        try:
-            while True:
-                replica = route.replica
-                request.replica = replica
-                if replica.role is _PREFILL:
-                    failure = await self._handoff.serve(request, replica, send)
-                else:
-                    replica.in_flight += 1
-                    state.in_flight += 1
-                    try:
-                        failure = await self._relay.attempt(request, replica, send)
-                    finally:
-                        replica.in_flight -= 1
-                        state.in_flight -= 1
-                if failure is None:
-                    return
-                retry = self._dispatcher.retry(request)
-                if retry is None:
-                    await self._refuse(send, request, failure)
-                    return
-                route = retry
-        finally:
-            state.served += 1
-            self._dispatcher.release(request)
-            self._accounting.closed(request, route.replica)
+        if limit is None:
+            return None
+        refusal = refusals.over_request_limit(tenant, limit, self._admission_config)
+        pool = self._fleet.pool_of(request.model)
+        self._metrics.count_decision("reject", refusal.reason.value, pool=pool, model=request.model)
+        return refusal
 
     def _done(self, request: ProxyRequest) -> None:
         """Record the finished request, once: its spans and its access-log line."""

@@ -49,6 +49,7 @@ from kvgate.gateway.telemetry.gauges import (
     PromiseCounters,
     WorkGauges,
 )
+from kvgate.gateway.telemetry.objectives import Objectives, ObjectiveSeries
 from kvgate.gateway.telemetry.pool_work import PoolWork, PoolWorkSource
 from kvgate.gateway.telemetry.signals_doc import SignalsWindow
 from kvgate.gateway.telemetry.sliding_windows import CountWindow, LatencyWindow, ServedWindow
@@ -125,6 +126,7 @@ class GatewayMetrics:
         """Model → route → tenant → status: nested so that counting an answer allocates nothing."""
         self._refused: dict[tuple[str, str, str, type[GatewayError], str | None], Count] = {}
         self._replicas: dict[str, _ReplicaSeries] = {}
+        self._objectives: ObjectiveSeries | None = None
 
     def bind(self, work_source: PoolWorkSource) -> None:
         self._source = work_source
@@ -330,6 +332,16 @@ class GatewayMetrics:
     def bind_promises(self, counts: Callable[[], PromiseCounts]) -> None:
         """Export ``kvgate_promises_total``, read from ``counts`` at every scrape."""
         self.registry.register(PromiseCounters(counts))
+
+    def bind_objectives(self, objectives: Objectives) -> None:
+        """Count streams against ``objectives`` (``count_objective``) and export them."""
+        if self._objectives is None:
+            self._objectives = ObjectiveSeries(self.registry, objectives)
+
+    def count_objective(self, pool: str, model: str, objective: int, met: bool) -> None:
+        """A stream met its latency objective or missed it (``objective`` 0: TTFT, 1: ITL)."""
+        if self._objectives is not None:
+            self._objectives.count(pool, model, objective, met)
 
     def bind_itl_guard(self, limits: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
         """Export ``kvgate_itl_guard_sequences``, read from ``limits`` (pool, replica name, limit)
