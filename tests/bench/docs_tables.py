@@ -8,8 +8,9 @@ above it:
 ``rerun``: a deterministic lab (simulated time, seeded) whose command prints the table again, row
 for row; ``make docs-check`` (this module's ``main``) runs each such command once and fails when the
 table it prints differs from the document's. ``measured``: a timed benchmark, which no rerun
-reproduces, or a lab run against another commit's code (a before-and-after comparison); ``at`` is
-the commit and date it was measured at. ``reference``: a table of names,
+reproduces, or a lab run against another commit's code (a before-and-after comparison) or too
+long to repeat here (the autoscaling lab's 23 minutes); ``at`` is the commit and date it was
+measured at. ``reference``: a table of names,
 settings or behaviour, whose numbers are defaults or limits rather than results.
 
 ``tests/bench/test_docs_tables.py`` checks, fast, that every table with a digit in its rows has a
