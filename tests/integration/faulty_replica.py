@@ -78,9 +78,7 @@ async def faulty_front(target: str, fault: Fault | None = None) -> AsyncIterator
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    server = site._server
-    assert server is not None and server.sockets
-    front.url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    front.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
         yield front
     finally:

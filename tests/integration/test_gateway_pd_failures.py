@@ -43,6 +43,13 @@ def retries(gw: RunningGateway) -> str:
     )
 
 
+async def routable(gw: RunningGateway) -> RunningGateway:
+    """The gateway once its first probes found every replica up: a request sent sooner may find
+    none routable yet (503 no_replica) on a busy machine."""
+    assert await eventually(lambda: all(r.healthy for r in gw.state.replicas.values()))
+    return gw
+
+
 def served(replica: Any) -> int:
     return sum(replica.engine.stats.request_success.values())
 
@@ -54,6 +61,7 @@ async def test_a_decode_replica_failing_before_its_first_byte_is_replaced_by_ano
     ):
         config = pools_config([fleet.urls[0]], [front.url, fleet.urls[2]])
         async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            await routable(gw)
             answers = []
             for stream in (True, False, True, False):
                 answers.append(await ask(http, "/v1/completions", stream))
@@ -81,6 +89,7 @@ async def test_a_prefill_answer_without_kv_transfer_params_is_a_502() -> None:
         running_gateway(pools_config([front.url], [fleet.urls[1]])) as gw,
         httpx.AsyncClient(base_url=gw.url, timeout=30) as http,
     ):
+        await routable(gw)
         for stream in (False, True):
             response = await http.post(
                 "/v1/completions",
@@ -109,6 +118,7 @@ async def test_a_prefill_replica_answering_an_error_is_retried_then_answered(
     async with pd_fleet(prefill=2, decode=1) as fleet, faulty_front(fleet.urls[0], fault) as front:
         config = pools_config([front.url, fleet.urls[1]], [fleet.urls[2]])
         async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            await routable(gw)
             for stream in (False, True, False, True):
                 code, body = await ask(http, "/v1/completions", stream)
                 assert code == 200 and b'"error"' not in body, body
@@ -118,6 +128,7 @@ async def test_a_prefill_replica_answering_an_error_is_retried_then_answered(
             assert 'outcome="retry"' in retries(gw)
             await assert_pools_idle(gw)
         async with running_gateway(pools_config([front.url], [fleet.urls[2]])) as alone:
+            await routable(alone)
             async with httpx.AsyncClient(base_url=alone.url, timeout=30) as http:
                 response = await http.post(
                     "/v1/completions", json={"model": MODEL, "prompt": "nowhere else", "max_tokens": 8}
@@ -133,6 +144,7 @@ async def test_the_decode_pool_filling_between_prefill_and_hand_off_refuses_with
     async with pd_fleet(prefill=1, decode=1) as fleet:
         config = pools_config([fleet.urls[0]], [fleet.urls[1]], PATIENT, kv_capacity_tokens=1000)
         async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            await routable(gw)
             await fleet.pause(0)
             first = asyncio.create_task(ask(http, "/v1/completions", stream=False, max_tokens=600))
             second = asyncio.create_task(ask(http, "/v1/completions", stream=True, max_tokens=600))
@@ -151,6 +163,7 @@ async def test_a_client_leaving_during_prefill_leaves_nothing_held() -> None:
     async with pd_fleet(prefill=1, decode=1) as fleet:
         config = pools_config([fleet.urls[0]], [fleet.urls[1]], PATIENT)
         async with running_gateway(config) as gw, httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            await routable(gw)
             await fleet.pause(0)
             for stream, stalled in ((False, 1), (True, 2)):
                 leaving = asyncio.create_task(ask(http, "/v1/completions", stream=stream))

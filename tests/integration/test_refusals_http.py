@@ -1,6 +1,7 @@
 """Every refusal reason reaches a client through a real gateway as an OpenAI error: its status, its
 body (``type``, ``code``, ``reason``, a message), ``Retry-After`` and ``retry-after-ms`` from the
-same estimate, ``x-should-retry: false`` only when the honest wait is past the cap, and the exception
+same estimate, ``x-should-retry: false`` only where the gateway holds no room for the client at that
+time (past the cap, a full queue, a request it could not recognise coming back), and the exception
 class the official ``openai`` SDK raises for it.
 
 One simulated replica holds 4,000 KV tokens; a held request (a stream of 3,800 output tokens at real
@@ -44,32 +45,38 @@ class Case:
     queued_first: int = 0
     """Requests sent (and left waiting) after the holder, before the refused one."""
     should_retry: str | None = None
-    """``x-should-retry`` as sent: absent while the hint is honest, ``false`` past the cap."""
+    """``x-should-retry`` as sent: absent where the gateway holds room for the client at the time it
+    names, ``false`` where it does not (past the cap, a full queue, a request it could not tell
+    coming back)."""
     holder: bool = True
+    own_key: bool = True
+    """The client sends an ``Idempotency-Key``, so its return can be recognised and promised a slot."""
+    sdk_retries: int = 0
+    """The SDK's ``max_retries``: above 0 only where it is told not to retry (else it would wait)."""
 
 
+RATE_LIMITED = (429, "RateLimitError", openai.RateLimitError)
 CASES = [
-    Case("kv_capacity", 429, "RateLimitError", openai.RateLimitError, {"max_queue_wait_s": 0}),
+    Case("kv_capacity", *RATE_LIMITED, {"max_queue_wait_s": 0}),
     Case(
         "kv_capacity",
-        429,
-        "RateLimitError",
-        openai.RateLimitError,
+        *RATE_LIMITED,
         {"max_queue_wait_s": 0, "retry_after_cap_s": 2},
         should_retry="false",
+        sdk_retries=2,
     ),
+    Case("kv_capacity", *RATE_LIMITED, {"max_queue_wait_s": 0}, should_retry="false", own_key=False),
     Case(
-        "queue_full", 429, "RateLimitError", openai.RateLimitError, {"queue_max_requests": 1}, queued_first=1
+        "queue_full",
+        *RATE_LIMITED,
+        {"queue_max_requests": 1},
+        queued_first=1,
+        should_retry="false",
+        sdk_retries=2,
     ),
-    Case(
-        "tenant_budget",
-        429,
-        "RateLimitError",
-        openai.RateLimitError,
-        budget_tokens_per_min=KV_CAPACITY_TOKENS,
-    ),
-    Case("deadline", 429, "RateLimitError", openai.RateLimitError, headers={"x-request-timeout-ms": "500"}),
-    Case("ttft_slo", 429, "RateLimitError", openai.RateLimitError, {"models": {MODEL: {"ttft_slo_s": 0.5}}}),
+    Case("tenant_budget", *RATE_LIMITED, budget_tokens_per_min=KV_CAPACITY_TOKENS),
+    Case("deadline", *RATE_LIMITED, headers={"x-request-timeout-ms": "500"}),
+    Case("ttft_slo", *RATE_LIMITED, {"models": {MODEL: {"ttft_slo_s": 0.5}}}),
     Case("no_replica", 503, "ServiceUnavailableError", openai.InternalServerError, holder=False),
 ]
 
@@ -105,6 +112,7 @@ def body(max_tokens: int) -> dict[str, Any]:
 
 async def hold(gw: RunningGateway, http: httpx.AsyncClient) -> asyncio.Task[Any]:
     """A long stream that takes nearly all the replica's KV until it is cancelled."""
+    assert await eventually(lambda: all(r.healthy for r in gw.state.replicas.values())), "probed up"
     holder = asyncio.create_task(
         http.post("/v1/completions", json={**body(HOLDER_MAX_TOKENS), "stream": True})
     )
@@ -112,7 +120,13 @@ async def hold(gw: RunningGateway, http: httpx.AsyncClient) -> asyncio.Task[Any]
     return holder
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.reason + ("-past-cap" if c.should_retry else ""))
+def case_id(case: Case) -> str:
+    if not case.own_key:
+        return case.reason + "-unrecognisable"
+    return case.reason + ("-past-cap" if case.admission.get("retry_after_cap_s") else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 async def test_each_refusal_reaches_the_client_as_an_openai_error(case: Case) -> None:
     async with fleet_for(case) as urls, running_gateway(config_for(urls, case)) as gw:
         auth = {"authorization": f"Bearer {KEY}"}
@@ -124,7 +138,10 @@ async def test_each_refusal_reaches_the_client_as_an_openai_error(case: Case) ->
                 )
             assert await eventually(lambda: gw.state.queued == case.queued_first)
 
-            answer = await http.post("/v1/completions", json=body(PROBE_MAX_TOKENS), headers=case.headers)
+            own_key = {"idempotency-key": f"probe-{case.reason}"} if case.own_key else {}
+            answer = await http.post(
+                "/v1/completions", json=body(PROBE_MAX_TOKENS), headers={**case.headers, **own_key}
+            )
             assert answer.status_code == case.status, answer.text
             assert answer.headers["content-type"] == "application/json"
             error = answer.json()["error"]
@@ -138,7 +155,7 @@ async def test_each_refusal_reaches_the_client_as_an_openai_error(case: Case) ->
             assert f"Retry after {seconds} s." in error["message"]
             assert answer.headers.get("x-should-retry") == case.should_retry
 
-            retries = 2 if case.should_retry == "false" else 0
+            retries = case.sdk_retries
             attempts: list[httpx.Request] = []
 
             async def count(request: httpx.Request) -> None:
