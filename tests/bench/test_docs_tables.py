@@ -11,9 +11,6 @@ import pytest
 from tests.bench.docs_tables import DOCS, doc_tables, rerun, tables
 
 UNMARKED_ALLOWED = {
-    # Being rewritten, its tables re-run at HEAD; its markers come with the rewrite. Remove this
-    # entry once they are in.
-    "routing.md",
     # Generated whole by `kvgate config reference`; tests/unit/test_config_reference.py is its rerun
     # check, and a marker here would make the file differ from what the schema renders.
     "config-reference.md",
