@@ -320,3 +320,15 @@ def test_the_chart_lints_clean() -> None:
     assert result["total_charts_linted"] == 1 and not result["errors"], result
     warnings = [m for m in result["messages"] if m["severity"] >= 2]  # Helm's levels: 1 info, 2 warning
     assert not warnings, warnings
+
+
+def test_the_autoscaler_runs_with_arguments_kvgate_autoscale_takes() -> None:
+    from kvgate.cli import build_parser
+
+    docs = render({})
+    container = named(docs, "Deployment")["kvgate-autoscaler"]["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert (args.actuator, args.namespace, args.deployment) == ("kubernetes", NAMESPACE, ["chat=kvgate-vllm"])
+    assert args.drain_timeout_s == 600 and args.gateway_dns == ["http://kvgate-pods.inference.svc:8080"]
+    rules = named(docs, "Role")["kvgate-autoscaler"]["rules"]
+    assert {"get", "list", "patch"} <= set(next(r for r in rules if r["resources"] == ["pods"])["verbs"])
