@@ -332,3 +332,11 @@ def test_the_autoscaler_runs_with_arguments_kvgate_autoscale_takes() -> None:
     assert args.drain_timeout_s == 600 and args.gateway_dns == ["http://kvgate-pods.inference.svc:8080"]
     rules = named(docs, "Role")["kvgate-autoscaler"]["rules"]
     assert {"get", "list", "patch"} <= set(next(r for r in rules if r["resources"] == ["pods"])["verbs"])
+
+
+def test_the_chart_is_documented_for_a_newcomer() -> None:
+    text = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    assert "helm install kvgate deploy/helm/kvgate" in text
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in ("vllm", "pool", "auth", "monitoring", "autoscaler", "httpRoute", "ingress"):
+        assert (key in values and f"{key}:" in text) or f"`{key}." in text, key
