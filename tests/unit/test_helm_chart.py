@@ -32,6 +32,7 @@ CORE_KINDS = {
     "HorizontalPodAutoscaler",
     "PodDisruptionBudget",
     "Ingress",
+    "Secret",
 }
 HTTP_ROUTE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -340,3 +341,17 @@ def test_the_chart_is_documented_for_a_newcomer() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     for key in ("vllm", "pool", "auth", "monitoring", "autoscaler", "httpRoute", "ingress"):
         assert (key in values and f"{key}:" in text) or f"`{key}." in text, key
+
+
+def test_the_autoscaler_reads_the_gateways_admin_routes_with_the_gateways_token() -> None:
+    """Without a token /admin/* answers loopback clients only, and the drain before a scale-in reads
+    each gateway's replicas there: the chart generates one when no Secret names it."""
+    for values in ({}, EVERYTHING):
+        docs = render(values)
+        config, _ = gateway_config(docs)
+        token_dir = PurePosixPath(str(config.auth.admin_token_file)).parent
+        autoscaler = named(docs, "Deployment")["kvgate-autoscaler"]["spec"]["template"]["spec"]
+        mounts = {PurePosixPath(m["mountPath"]) for m in autoscaler["containers"][0]["volumeMounts"]}
+        assert token_dir in mounts
+    assert "kvgate-admin" in named(render({}), "Secret")
+    assert "kvgate-admin" not in named(render({"auth": {"existingSecret": "mine"}}), "Secret")
