@@ -26,7 +26,7 @@ from tests.integration.kubernetes_api import TOKEN as API_TOKEN
 from tests.integration.kubernetes_fleet import COST, ROUTABLE, FleetCluster, fleet_api
 
 ADMIN_TOKEN = "scale-in-token"
-STREAM_TOKENS = 40
+STREAM_TOKENS = 120
 CLIENTS = 6
 
 
@@ -71,7 +71,7 @@ async def scale_in_under_load(tmp_path: Path, drain: bool) -> Run:
     token = tmp_path / "token"
     token.write_text(API_TOKEN)
     async with (
-        SimFleet(replicas=3, time_scale=1.0, seed=0, control_port=0) as fleet,
+        SimFleet(replicas=3, time_scale=1.0, seed=0, control_port=0, overrides={"warmup_s": 0}) as fleet,
         aiohttp.ClientSession() as session,
     ):
         assert fleet.control_url is not None
@@ -83,13 +83,19 @@ async def scale_in_under_load(tmp_path: Path, drain: bool) -> Run:
                 "kubernetes": {
                     "service": "vllm",
                     "namespace": "inference",
-                    "refresh_s": 0.05,
+                    "refresh_s": 0.2,
                     "api_url": api_url,
                     "token_file": str(token),
                 },
             }
+            # connect_s: a loaded test machine may stall the event loop for seconds; a stream cut by
+            # the scale-in shows as a cut stream, not as a connection that took long to open
             config = gateway_config(
-                [], pools=[pool], auth={"admin_token": ADMIN_TOKEN}, routing={"warmup_s": 0}
+                [],
+                pools=[pool],
+                auth={"admin_token": ADMIN_TOKEN},
+                routing={"warmup_s": 0},
+                server={"port": 0, "timeouts": {"connect_s": 30}},
             )
             async with (
                 running_gateway(config) as gw,
