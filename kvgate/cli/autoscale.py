@@ -17,7 +17,7 @@ from kvgate.autoscaler.actuators import (
     KubernetesActuator,
     LogActuator,
     SimActuator,
-    kubernetes_apps_api,
+    kubernetes_apis,
 )
 from kvgate.autoscaler.loop import GatewaySources, run_loop
 from kvgate.cli.command import CommandError, http_url, report, warning
@@ -28,7 +28,11 @@ from kvgate.config.renames import variable
 
 
 def build_actuator(
-    name: str, session: aiohttp.ClientSession, args: argparse.Namespace, admin_token: str | None
+    name: str,
+    session: aiohttp.ClientSession,
+    args: argparse.Namespace,
+    admin_token: str | None,
+    sources: GatewaySources | None = None,
 ) -> Actuator:
     if name == "log":
         return LogActuator()
@@ -41,8 +45,17 @@ def build_actuator(
             admin_token=admin_token,
         )
     if name == "kubernetes":
+        apps, pods = kubernetes_apis()
         return KubernetesActuator(
-            kubernetes_apps_api(), args.namespace, _pairs(args.deployment, "--deployment")
+            apps,
+            args.namespace,
+            _pairs(args.deployment, "--deployment"),
+            pods=pods,
+            session=session,
+            gateways=None if sources is None else sources.resolve,
+            admin_token=admin_token,
+            drain_timeout_s=args.drain_timeout_s,
+            log=lambda line: report(args.prog, line),
         )
     raise CommandError(f"unknown actuator {name!r}")
 
@@ -129,6 +142,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--deployment", action="append", default=None, metavar="POOL=NAME", help="Deployment per pool"
     )
+    parser.add_argument(
+        "--drain-timeout-s",
+        type=float,
+        default=600.0,
+        help="kubernetes actuator: longest wait for the pods a scale-in removes to finish their "
+        "requests, once out of routing, before the scale goes down anyway (default 600)",
+    )
     parser.set_defaults(run=run_autoscale, prog=parser.prog)
 
 
@@ -159,7 +179,7 @@ async def _run(
     timeout = aiohttp.ClientTimeout(total=max(30.0, config.interval_s * 4))
     async with aiohttp.ClientSession(timeout=timeout) as session:
         try:
-            actuator = build_actuator(args.actuator, session, args, token)
+            actuator = build_actuator(args.actuator, session, args, token, sources)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         return await run_loop(

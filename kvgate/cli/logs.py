@@ -1,4 +1,6 @@
-"""One log format for a gateway process: every line it writes on stderr is one JSON object.
+"""One log format for a gateway process: once its config is loaded, every line it writes on stderr
+is one JSON object (a refusal to start before that is the command line's one error line,
+``kvgate serve: error: ...``, as for every subcommand).
 
 The access log already writes JSON lines (``access_log.format: json``, its default:
 ``{"event": "access", ..., "timestamp": <epoch seconds>}``); ``configure`` makes every other line

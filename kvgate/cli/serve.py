@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import os
 from collections.abc import Callable
 
@@ -118,26 +117,23 @@ def _config_check(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    """Flags win over ``KVGATE_SERVER__*`` variables, which win over the file. From the first line
-    on, everything goes through logging in one format (``kvgate.cli.logs``), a refusal to start
-    included."""
+    """Flags win over ``KVGATE_SERVER__*`` variables, which win over the file. A refusal to start is
+    the command line's one error line; once the config is good, everything the process writes goes
+    through logging in one format (``kvgate.cli.logs``), the loader's warnings included."""
     from kvgate.cli.logs import configure
     from kvgate.gateway.edge.server import serve
 
-    configure(args.log_format, args.log_level)
     environ = dict(os.environ)
     if args.host is not None:
         environ["KVGATE_SERVER__HOST"] = args.host
     if args.port is not None:
         environ["KVGATE_SERVER__PORT"] = str(args.port)
-    try:
-        config = load(args.config, environ)
-        check_listen(config.server.host, config.server.port)
-    except CommandError as exc:
-        if args.log_format == "text":
-            raise
-        logging.getLogger("kvgate.serve").error("cannot start: %s", exc)
-        return exc.status
+    warnings: list[str] = []
+    config = load(args.config, environ, warn=warnings.append)
+    check_listen(config.server.host, config.server.port)
+    configure(args.log_format, args.log_level)
+    for line in warnings:
+        log_warning(line)
     serve(config, log_level=args.log_level)
     return 0
 

@@ -80,3 +80,17 @@ async def test_same_size_reads_and_sends_no_patch_and_other_pools_are_left_alone
     await scaler.apply(Recommendation("decode", 2, "scale_in_idle"))
     assert [method for method, *_ in pool.sent] == ["GET", "GET", "PATCH"]
     assert pool.replicas == 2
+
+
+def test_the_pods_a_scale_in_removes_are_those_with_least_work_then_unrouted_then_newest() -> None:
+    from kvgate.autoscaler.actuators import PodReplica, choose_victims
+
+    pods = [
+        PodReplica("old-busy", "10.0.0.1:8000", "2026-01-01T00:00:01Z", True),
+        PodReplica("old-idle", "10.0.0.2:8000", "2026-01-01T00:00:02Z", True),
+        PodReplica("new-idle", "10.0.0.3:8000", "2026-01-01T00:00:03Z", True),
+        PodReplica("not-ready", "10.0.0.4:8000", "2026-01-01T00:00:00Z", True),
+    ]
+    in_flight = {"10.0.0.1:8000": 5, "10.0.0.2:8000": 0, "10.0.0.3:8000": 0}
+    assert [p.name for p in choose_victims(pods, in_flight, 3)] == ["not-ready", "new-idle", "old-idle"]
+    assert choose_victims(pods, in_flight, 0) == []

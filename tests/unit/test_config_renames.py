@@ -143,5 +143,6 @@ def test_config_check_prints_each_warning(tmp_path: Path, capsys: pytest.Capture
 
 @pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES_DIR.glob("*.yaml")))
 def test_the_examples_use_no_old_key(example: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["config", "check", str(EXAMPLES_DIR / example)]) == 0
+    # production.yaml's secrets are files a pod mounts
+    assert main(["config", "check", "--no-secrets", str(EXAMPLES_DIR / example)]) == 0
     assert capsys.readouterr().err == ""

@@ -32,6 +32,7 @@ CORE_KINDS = {
     "HorizontalPodAutoscaler",
     "PodDisruptionBudget",
     "Ingress",
+    "Secret",
 }
 HTTP_ROUTE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -320,3 +321,37 @@ def test_the_chart_lints_clean() -> None:
     assert result["total_charts_linted"] == 1 and not result["errors"], result
     warnings = [m for m in result["messages"] if m["severity"] >= 2]  # Helm's levels: 1 info, 2 warning
     assert not warnings, warnings
+
+
+def test_the_autoscaler_runs_with_arguments_kvgate_autoscale_takes() -> None:
+    from kvgate.cli import build_parser
+
+    docs = render({})
+    container = named(docs, "Deployment")["kvgate-autoscaler"]["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(container["args"])
+    assert (args.actuator, args.namespace, args.deployment) == ("kubernetes", NAMESPACE, ["chat=kvgate-vllm"])
+    assert args.drain_timeout_s == 600 and args.gateway_dns == ["http://kvgate-pods.inference.svc:8080"]
+    rules = named(docs, "Role")["kvgate-autoscaler"]["rules"]
+    assert {"get", "list", "patch"} <= set(next(r for r in rules if r["resources"] == ["pods"])["verbs"])
+
+
+def test_the_chart_is_documented_for_a_newcomer() -> None:
+    text = (DEPLOY.parent / "docs" / "deploy.md").read_text()
+    assert "helm install kvgate deploy/helm/kvgate" in text
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in ("vllm", "pool", "auth", "monitoring", "autoscaler", "httpRoute", "ingress"):
+        assert (key in values and f"{key}:" in text) or f"`{key}." in text, key
+
+
+def test_the_autoscaler_reads_the_gateways_admin_routes_with_the_gateways_token() -> None:
+    """Without a token /admin/* answers loopback clients only, and the drain before a scale-in reads
+    each gateway's replicas there: the chart generates one when no Secret names it."""
+    for values in ({}, EVERYTHING):
+        docs = render(values)
+        config, _ = gateway_config(docs)
+        token_dir = PurePosixPath(str(config.auth.admin_token_file)).parent
+        autoscaler = named(docs, "Deployment")["kvgate-autoscaler"]["spec"]["template"]["spec"]
+        mounts = {PurePosixPath(m["mountPath"]) for m in autoscaler["containers"][0]["volumeMounts"]}
+        assert token_dir in mounts
+    assert "kvgate-admin" in named(render({}), "Secret")
+    assert "kvgate-admin" not in named(render({"auth": {"existingSecret": "mine"}}), "Secret")

@@ -88,10 +88,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $config "pools" (list $pool) -}}
 {{- $auth := get $config "auth" | default dict -}}
 {{- $_ := set $auth "enabled" .Values.auth.enabled -}}
-{{- if .Values.auth.existingSecret -}}
-{{- if .Values.auth.adminTokenKey -}}
+{{- if and .Values.auth.existingSecret .Values.auth.adminTokenKey -}}
 {{- $_ := set $auth "admin_token_file" (printf "/etc/kvgate/secrets/%s" .Values.auth.adminTokenKey) -}}
+{{- else -}}
+{{- $_ := set $auth "admin_token_file" "/etc/kvgate/admin/admin-token" -}}
 {{- end -}}
+{{- if .Values.auth.existingSecret -}}
 {{- if .Values.auth.observabilityTokenKey -}}
 {{- $_ := set $auth "observability_token_file" (printf "/etc/kvgate/secrets/%s" .Values.auth.observabilityTokenKey) -}}
 {{- end -}}
@@ -112,4 +114,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $_ := set $config "coordination" $coordination -}}
 {{- end -}}
 {{- toYaml $config -}}
+{{- end -}}
+
+{{/* The chart's own admin token (no existing Secret names one): /admin/* is the autoscaler's way to
+each gateway's replicas, and without a token it answers loopback clients only. */}}
+{{- define "kvgate.ownAdminToken" -}}
+{{- not (and .Values.auth.existingSecret .Values.auth.adminTokenKey) -}}
 {{- end -}}
