@@ -40,7 +40,7 @@ from kvgate.admission.decision import (
 )
 from kvgate.admission.disaggregation import handoff_candidates
 from kvgate.admission.forecast import WaitForecast
-from kvgate.admission.itl_guard import ItlGuard
+from kvgate.admission.itl_guard import MIN_OBSERVATIONS, ItlGuard
 from kvgate.admission.ledger import Ledger
 from kvgate.admission.placement import after_promises, fleet_placer
 from kvgate.admission.pressure import ArrivalPressure
@@ -92,6 +92,7 @@ class AdmissionController:
             self.calibration,
             ServiceRates(config.default_inter_token_s, config.default_prefill_tokens_per_s),
             self.max_active,
+            self._measured_itl_s,
         )
 
     @property
@@ -454,6 +455,15 @@ class AdmissionController:
             if learned < limit:
                 limit = learned
         return view.max_sequences if 0 < view.max_sequences < limit else limit
+
+    def _measured_itl_s(self, view: ReplicaView) -> float | None:
+        """The replica's inter-token latency at the sequences it runs now, from its learned line
+        (``kvgate.admission.itl_guard``), once that line stands; None before (the fleet's applies)."""
+        guard = self.itl_guard
+        fit = None if guard is None else guard.fits.get(view.replica_id)
+        if fit is None or fit.observations < MIN_OBSERVATIONS:
+            return None
+        return fit.predicted_itl_s(view.load.resident_sequences)
 
     def guard_sequences(self, replica_id: str) -> int:
         """The inter-token-latency guard of one replica: ``max_active_sequences_per_replica``, or the

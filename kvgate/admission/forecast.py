@@ -2,14 +2,17 @@
 
 ``WaitForecast.expected_wait_s`` turns the fleet's resident reservations (each finishing after its
 pending prefill and its expected remaining decode, from the learned output lengths) and the work
-queued ahead into the wait of ``retry_after.drain_wait_s``. A replica's drain state is rebuilt only
-when its load, the measured rates or the learned lengths changed, so a burst of refusals costs one
-pass over the resident work, not one per refusal.
+queued ahead into the wait of ``retry_after.drain_wait_s``. Each replica drains at its own measured
+pace where one is known: the inter-token latency its learned line (``kvgate.admission.itl_guard``)
+predicts at the sequences it runs now, else the fleet's smoothed latency. A replica's drain state is
+rebuilt only when its load, the measured rates or the learned lengths changed, so a burst of
+refusals costs one pass over the resident work, not one per refusal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
 
 from kvgate.admission.calibration import Calibration
 from kvgate.admission.ledger import Ledger
@@ -27,15 +30,28 @@ from kvgate.admission.retry_after import (
 from kvgate.vocabulary.capacity import kv_room_tokens
 from kvgate.vocabulary.replica import ReplicaView
 
+ReplicaItl = Callable[[ReplicaView], float | None]
+"""A replica's measured inter-token latency at its present load (seconds), None when not known."""
+
+
+def _unknown(view: ReplicaView) -> float | None:
+    return None
+
 
 class WaitForecast:
     def __init__(
-        self, ledger: Ledger, calibration: Calibration, rates: ServiceRates, max_active: MaxActive
+        self,
+        ledger: Ledger,
+        calibration: Calibration,
+        rates: ServiceRates,
+        max_active: MaxActive,
+        replica_itl: ReplicaItl = _unknown,
     ) -> None:
         self.ledger = ledger
         self.calibration = calibration
         self.rates = rates
         self._max_active = max_active
+        self._replica_itl = replica_itl
         self._drains: dict[str, tuple[tuple[object, ...], ReplicaDrain]] = {}
         self._fleet_drain: FleetDrain | None = None
 
@@ -59,7 +75,11 @@ class WaitForecast:
     def _drain(self, view: ReplicaView) -> ReplicaDrain:
         """The replica's drain state, cached until its load, the rates or the learned lengths change."""
         max_active = self._max_active(view)
-        key = (view.load, view.kv_capacity_tokens, max_active, self.rates, self.calibration.version)
+        rates = self.rates
+        itl_s = self._replica_itl(view)
+        if itl_s is not None and itl_s > 0.0:
+            rates = dataclasses.replace(rates, inter_token_s=itl_s)
+        key = (view.load, view.kv_capacity_tokens, max_active, rates, self.calibration.version)
         cached = self._drains.get(view.replica_id)
         if cached is not None and cached[0] == key:
             return cached[1]
@@ -80,7 +100,7 @@ class WaitForecast:
             view.kv_capacity_tokens,
             view.load.resident_sequences,
             max_active,
-            completions_s(work, self.rates),
+            completions_s(work, rates),
         )
         self._drains[view.replica_id] = (key, drain)
         return drain
