@@ -7,11 +7,17 @@ pace where one is known: the inter-token latency its learned line (``kvgate.admi
 predicts at the sequences it runs now, else the fleet's smoothed latency. A replica's drain state is
 rebuilt only when its load, the measured rates or the learned lengths changed, so a burst of
 refusals costs one pass over the resident work, not one per refusal.
+
+``ForecastMargin`` keeps what the forecast has missed by: how much later than forecast queued
+requests left the queue. A request whose wait is bounded by its TTFT objective is queued only when
+its forecast plus that margin fits, so the queue does not admit what it will serve too late.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+from collections import deque
 from collections.abc import Callable, Sequence
 
 from kvgate.admission.calibration import Calibration
@@ -104,3 +110,36 @@ class WaitForecast:
         )
         self._drains[view.replica_id] = (key, drain)
         return drain
+
+
+MARGIN_QUANTILE = 0.9
+MARGIN_WINDOW = 200
+"""Queue departures the margin is read from: the most recent ones, so it follows the fleet's pace."""
+MARGIN_MIN_OBSERVED = 20
+"""Departures seen before the margin applies (none until then)."""
+
+
+class ForecastMargin:
+    """The ``MARGIN_QUANTILE`` of the last ``MARGIN_WINDOW`` queue-wait forecast errors (actual wait
+    less the forecast, seconds), never below 0; each observation costs O(window)."""
+
+    def __init__(
+        self,
+        quantile: float = MARGIN_QUANTILE,
+        window: int = MARGIN_WINDOW,
+        min_observed: int = MARGIN_MIN_OBSERVED,
+    ) -> None:
+        self.quantile = quantile
+        self.min_observed = min_observed
+        self._recent: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []
+        self.margin_s = 0.0
+
+    def observe(self, error_s: float) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self._recent[0])]
+        self._recent.append(error_s)
+        bisect.insort(self._sorted, error_s)
+        count = len(self._sorted)
+        if count >= self.min_observed:
+            self.margin_s = max(0.0, self._sorted[int(self.quantile * (count - 1))])
