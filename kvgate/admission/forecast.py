@@ -112,7 +112,7 @@ class WaitForecast:
         return drain
 
 
-MARGIN_QUANTILE = 0.9
+MARGIN_QUANTILE = 0.95
 MARGIN_WINDOW = 200
 """Queue departures the margin is read from: the most recent ones, so it follows the fleet's pace."""
 MARGIN_MIN_OBSERVED = 20
