@@ -4,8 +4,9 @@ Three processes: simulated replicas (``kvgate sim``, real time), the gateway (``
 this driver (aiohttp, open-loop Poisson arrivals at ``overload`` x the fleet's estimated capacity).
 Each phase runs the same arrival schedule through a fresh gateway in front of the same replicas:
 first with admission on, then with ``admission.enabled: false``. A client that gets a 429 waits its
-``retry-after-ms`` and tries again (up to ``--retries`` times), saying which attempt it is as the
-openai SDKs do (``x-stainless-retry-count``). Printed per phase: admitted
+``retry-after-ms`` and tries again (up to ``--retries`` times), saying which attempt it is, and stops
+when told not to retry (``x-should-retry: false``), as the openai SDK does (``x-stainless-retry-count``;
+``kvgate.loadtest.client``). Printed per phase: admitted
 requests, p50/p95 TTFT of admitted streams, preemptions (the replicas' own
 ``vllm:num_preemptions_total``), 429s, the share of 429'd clients whose first retry succeeded, and
 the Retry-After error: median of (first token of the request that finally got in - its first 429)
@@ -34,7 +35,12 @@ from bench.harness.fleet import serve_sim
 from bench.harness.gateway import serve_gateway
 from bench.harness.gateway_config import gateway_config
 from bench.harness.processes import children
+from kvgate.loadtest.client import RetryPolicy, parse_retry_after_s, retry_wait_s, should_retry
 from kvgate.sim.ports import free_ports
+
+SDK = RetryPolicy()
+RNG = random.Random(0)
+"""The back-off's jitter when a 429 carries no wait the client honours."""
 
 
 @dataclass(slots=True)
@@ -76,12 +82,15 @@ async def _attempts(
         async with session.post(url + "/v1/completions", json=body, headers=headers) as response:
             if response.status == 429:
                 await response.read()
-                wait_s = int(response.headers.get("retry-after-ms", "1000")) / 1000.0
+                # The openai SDK's reading of the answer (``kvgate.loadtest.client``).
+                now_epoch_s = time.time()
+                header_s = parse_retry_after_s(response.headers, now_epoch_s)
+                wait_s = retry_wait_s(SDK, attempt, header_s, RNG)
                 outcome.rejects += 1
                 if first_reject_s is None:
                     first_reject_s = start
                     outcome.predicted_wait_s = wait_s
-                if attempt == retries:
+                if attempt == retries or not should_retry(429, response.headers, SDK, now_epoch_s):
                     return
                 await asyncio.sleep(wait_s)
                 continue

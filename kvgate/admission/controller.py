@@ -39,8 +39,8 @@ from kvgate.admission.decision import (
     RefusalReason,
 )
 from kvgate.admission.disaggregation import handoff_candidates
-from kvgate.admission.forecast import WaitForecast
-from kvgate.admission.itl_guard import ItlGuard
+from kvgate.admission.forecast import ForecastMargin, WaitForecast
+from kvgate.admission.itl_guard import MIN_OBSERVATIONS, ItlGuard
 from kvgate.admission.ledger import Ledger
 from kvgate.admission.placement import after_promises, fleet_placer
 from kvgate.admission.pressure import ArrivalPressure
@@ -83,6 +83,10 @@ class AdmissionController:
         self._promises = PromiseBook(config.promise_grace_s)
         self._returning = False
         """Set by ``_admit`` when the request came back to a promise: not new demand."""
+        self._margin = ForecastMargin()
+        """What the queue-wait forecast has missed by lately (``kvgate.admission.forecast``)."""
+        self._forecast_s: dict[int, float] = {}
+        """The wait forecast for each queued ticket, to learn ``_margin`` from when it leaves."""
         self._pressure = ArrivalPressure()
         """New demand against what the fleet admits while saturated (``kvgate.admission.pressure``)."""
         self.itl_guard = ItlGuard.from_config(config)
@@ -92,6 +96,7 @@ class AdmissionController:
             self.calibration,
             ServiceRates(config.default_inter_token_s, config.default_prefill_tokens_per_s),
             self.max_active,
+            self._measured_itl_s,
         )
 
     @property
@@ -203,8 +208,12 @@ class AdmissionController:
                 return Admit(candidates)
         expected_s = self._forecast.expected_wait_s(kv_tokens, model, self._ahead(entry), serving)
         queue_has_room = self._has_room(kv_tokens)
-        if queue_has_room and expected_s <= wait_budget_s:
+        # Served past its TTFT objective it would not count: only what the forecast has missed by
+        # lately still leaves it in time.
+        margin_s = self._margin.margin_s if bound is WaitBound.TTFT_SLO else 0.0
+        if queue_has_room and expected_s + margin_s <= wait_budget_s:
             self._queue.push(entry)
+            self._forecast_s[entry.ticket] = expected_s
             return Queue(entry.ticket, expected_s, entry.expires_at_s)
         self.tenants.refund(request.tenant, kv_tokens)
         if not queue_has_room:
@@ -272,6 +281,7 @@ class AdmissionController:
             if entry.promised_due_s is not None:
                 self._promises.counts.kept += 1
                 self._promises.counts.errors.observe(now_s - entry.promised_due_s)
+            self._learn_margin(entry, now_s)
             dispatches.append(
                 Dispatch(
                     entry.ticket,
@@ -309,6 +319,7 @@ class AdmissionController:
         for entry in self._queue.expire(now_s):
             request = entry.request
             self.tenants.refund(request.tenant, entry.kv_tokens)
+            self._learn_margin(entry, now_s)
             serving = [v for v in fleet.replicas if routable(v, request.model, now_s)]
             promised = False
             if serving:
@@ -332,6 +343,7 @@ class AdmissionController:
         entry = self._queue.remove(ticket)
         if entry is None:
             return False
+        self._forecast_s.pop(ticket, None)
         self.tenants.refund(entry.request.tenant, entry.kv_tokens)
         return True
 
@@ -394,6 +406,13 @@ class AdmissionController:
         )
         return (expected_s, False) if booked_s is None else (booked_s, True)
 
+    def _learn_margin(self, entry: QueuedRequest, now_s: float) -> None:
+        """A queued request left (dispatched, or its place ran out: then it waited at least this
+        long): how far its wait was from the forecast."""
+        forecast_s = self._forecast_s.pop(entry.ticket, None)
+        if forecast_s is not None:
+            self._margin.observe(now_s - entry.enqueued_at_s - forecast_s)
+
     def _share_tokens(self, fleet: FleetSnapshot) -> float:
         """The most KV the open promises may hold at once: ``promise_max_share`` of the fleet."""
         return self.config.promise_max_share * sum(v.kv_capacity_tokens for v in fleet.replicas)
@@ -454,6 +473,15 @@ class AdmissionController:
             if learned < limit:
                 limit = learned
         return view.max_sequences if 0 < view.max_sequences < limit else limit
+
+    def _measured_itl_s(self, view: ReplicaView) -> float | None:
+        """The replica's inter-token latency at the sequences it runs now, from its learned line
+        (``kvgate.admission.itl_guard``), once that line stands; None before (the fleet's applies)."""
+        guard = self.itl_guard
+        fit = None if guard is None else guard.fits.get(view.replica_id)
+        if fit is None or fit.observations < MIN_OBSERVATIONS:
+            return None
+        return fit.predicted_itl_s(view.load.resident_sequences)
 
     def guard_sequences(self, replica_id: str) -> int:
         """The inter-token-latency guard of one replica: ``max_active_sequences_per_replica``, or the

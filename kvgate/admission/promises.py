@@ -18,6 +18,11 @@ of its time) the decision sets its KV aside on the simulated fleet before placin
 same or a lower class, so the room is still there when the client comes back. A promise only orders:
 admission still needs ``capacity.fits``, so it can never over-commit KV. Unclaimed promises are
 released ``grace_s`` after their time; promises count against the queue's request and token bounds.
+No promise is booked without its room: the promises whose windows overlap never hold more than
+their share of the fleet, so a promise past the share moves to the first window that holds it
+(``slot_s``), and one that no window within the cap holds is not booked and its client is told not
+to retry. What became of each is counted when it is settled (``PromiseCounts``), with how far its
+time was from its room (``ForecastErrors``).
 Several gateways behind one Service honour each other's promises (``kvgate.gateway.coordination.coordinator``
 carries them through Redis): a promise another gateway booked is *learnt* here by its key and slot time, so
 the client coming back to this gateway claims it as it would have there (early, it is told to wait for its
