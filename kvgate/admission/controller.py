@@ -23,7 +23,8 @@ after each release or fleet change, ``expire`` on a timer, ``cancel`` when a que
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
+import itertools
 
 from kvgate.admission import refusals
 from kvgate.admission.calibration import Calibration
@@ -40,11 +41,11 @@ from kvgate.admission.decision import (
 )
 from kvgate.admission.disaggregation import handoff_candidates
 from kvgate.admission.forecast import ForecastMargin, WaitForecast
-from kvgate.admission.itl_guard import MIN_OBSERVATIONS, ItlGuard
+from kvgate.admission.itl_guard import ItlGuard, active_limit, measured_itl_s, sequence_limit
 from kvgate.admission.ledger import Ledger
 from kvgate.admission.placement import after_promises, fleet_placer
 from kvgate.admission.pressure import ArrivalPressure
-from kvgate.admission.promises import Promise, PromiseBook, PromiseCounts
+from kvgate.admission.promises import Promise, PromiseBook, PromiseCounts, work_ahead
 from kvgate.admission.queue import Ahead, Place, QueuedRequest, QueueStats, WaitQueue
 from kvgate.admission.retry_after import ServiceRates
 from kvgate.admission.tenants import TenantDirectory
@@ -75,7 +76,7 @@ class AdmissionController:
         self._queue = WaitQueue(
             config.queue_max_requests, config.queue_max_tokens, config.head_of_line_max_wait_s
         )
-        self._next_ticket = 1
+        self._tickets = itertools.count(1)
         self._claimed: Promise | None = None
         """Set by ``_admit`` to the promise the request claimed: ``admit`` counts the outcome."""
         self._claimed_room_at_s: float | None = None
@@ -96,7 +97,7 @@ class AdmissionController:
             self.calibration,
             ServiceRates(config.default_inter_token_s, config.default_prefill_tokens_per_s),
             self.max_active,
-            self._measured_itl_s,
+            functools.partial(measured_itl_s, self.itl_guard),
         )
 
     @property
@@ -128,18 +129,8 @@ class AdmissionController:
             self._pressure.admitted(kv_tokens, now_s)
         elif isinstance(decision, Refusal) and decision.reason in FULL_FLEET_REASONS:
             self._pressure.saturated(now_s)
-        claimed = self._claimed
-        if claimed is not None:
-            counts = self._promises.counts
-            if isinstance(decision, Refusal):
-                counts.broken += 1
-                late_s = math.inf if decision.retry_after is None else decision.retry_after.expected_s
-                counts.errors.observe(now_s + late_s - claimed.due_s)
-            elif isinstance(decision, Admit):
-                counts.kept += 1
-                room_at_s = self._claimed_room_at_s
-                counts.errors.observe((now_s if room_at_s is None else room_at_s) - claimed.due_s)
-            # A claimant queued at the head of its class is counted when it leaves the queue.
+        if self._claimed is not None:
+            self._promises.counts.claimed(self._claimed, decision, now_s, self._claimed_room_at_s)
         return decision
 
     def _admit(self, request: AdmissionRequest, fleet: FleetSnapshot) -> Decision:
@@ -190,7 +181,7 @@ class AdmissionController:
             self._claimed_room_at_s = self._promises.room_at_s(promise)
             self._promises.remove(promise)
             self._claimed = promise
-        ticket = self._take_ticket()
+        ticket = next(self._tickets)
         if fitting and not self._queue.has_work_at_or_above(rank) and not self._promises.has_due(now_s, rank):
             if len(fitting) > 1:
                 # Most room first; a stable sort keeps replicas with equal room in fleet order.
@@ -362,7 +353,7 @@ class AdmissionController:
         kv_tokens = request.cost.kv_tokens
         self._queue.refund(request.tenant.name, request.tenant.weight, kv_tokens)
         wait_budget_s, _ = self._wait_budget(request)
-        entry = QueuedRequest(self._take_ticket(), request, now_s, now_s + wait_budget_s, None)
+        entry = QueuedRequest(next(self._tickets), request, now_s, now_s + wait_budget_s, None)
         self._queue.push(entry)
         return Queue(entry.ticket, 0.0, entry.expires_at_s)
 
@@ -422,18 +413,7 @@ class AdmissionController:
 
     def _ahead(self, entry: QueuedRequest) -> Ahead:
         """Queued and promised work dispatched before ``entry``."""
-        request = entry.request
-        if entry.promised_due_s is None:
-            queued = self._queue.ahead(request.tenant, entry.rank, request.model)
-        else:
-            queued = self._queue.ahead_of_claimant(entry.rank, request.model)
-        promised = self._promises.ahead(entry.rank, request.model, entry.promised_due_s)
-        return Ahead(
-            queued.requests + promised.requests,
-            queued.kv_tokens + promised.kv_tokens,
-            queued.prompt_tokens + promised.prompt_tokens,
-            queued.max_output_tokens + promised.max_output_tokens,
-        )
+        return work_ahead(self._queue, self._promises, entry)
 
     def _place_in_order(self, entry: QueuedRequest, fleet: FleetSnapshot) -> tuple[ReplicaView, ...] | None:
         """Where ``entry`` goes if admitted now after everything that would go before it."""
@@ -455,41 +435,13 @@ class AdmissionController:
             place, book.due(now_s), self._share_tokens(fleet), lambda promise: book.held(promise, now_s)
         )
 
-    def _take_ticket(self) -> int:
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        return ticket
-
     def _wait_budget(self, request: AdmissionRequest) -> tuple[float, WaitBound]:
         return wait_budget(request, self.config, self.rates.prefill_tokens_per_s)
 
     def max_active(self, view: ReplicaView) -> int:
-        """The guard: ``guard_sequences``, or the replica's own sequence slots when fewer."""
-        limit = self.config.max_active_sequences_per_replica
-        guard = self.itl_guard
-        if guard is not None:
-            # ``guard_sequences`` written out: this runs for every replica of every room check.
-            learned = guard.limits.get(view.replica_id, limit)
-            if learned < limit:
-                limit = learned
-        return view.max_sequences if 0 < view.max_sequences < limit else limit
-
-    def _measured_itl_s(self, view: ReplicaView) -> float | None:
-        """The replica's inter-token latency at the sequences it runs now, from its learned line
-        (``kvgate.admission.itl_guard``), once that line stands; None before (the fleet's applies)."""
-        guard = self.itl_guard
-        fit = None if guard is None else guard.fits.get(view.replica_id)
-        if fit is None or fit.observations < MIN_OBSERVATIONS:
-            return None
-        return fit.predicted_itl_s(view.load.resident_sequences)
+        """The sequences admission lets ``view`` run (``kvgate.admission.itl_guard.active_limit``)."""
+        return active_limit(self.config.max_active_sequences_per_replica, self.itl_guard, view)
 
     def guard_sequences(self, replica_id: str) -> int:
-        """The inter-token-latency guard of one replica: ``max_active_sequences_per_replica``, or the
-        limit learned against the ITL objective (``kvgate.admission.itl_guard``) when lower."""
-        limit = self.config.max_active_sequences_per_replica
-        guard = self.itl_guard
-        if guard is not None:
-            learned = guard.limits.get(replica_id, limit)
-            if learned < limit:
-                return learned
-        return limit
+        """The inter-token-latency guard of one replica (``kvgate.admission.itl_guard``)."""
+        return sequence_limit(self.config.max_active_sequences_per_replica, self.itl_guard, replica_id)

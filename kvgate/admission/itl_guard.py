@@ -34,6 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kvgate.config.admission import AdmissionConfig
+from kvgate.vocabulary.replica import ReplicaView
 
 DECAY_WEIGHT = 0.05
 """Share of the fit's weight each new stream takes (the others' decays by ``1 - DECAY_WEIGHT``):
@@ -170,3 +171,32 @@ class ItlGuard:
         """The replica left the fleet: a replica coming back under its name starts afresh."""
         self.fits.pop(replica_id, None)
         self.limits.pop(replica_id, None)
+
+
+def sequence_limit(limit: int, guard: ItlGuard | None, replica_id: str) -> int:
+    """A replica's guard: ``limit`` (``max_active_sequences_per_replica``), or the limit learned
+    against the ITL objective when lower."""
+    if guard is not None:
+        learned = guard.limits.get(replica_id, limit)
+        if learned < limit:
+            return learned
+    return limit
+
+
+def active_limit(limit: int, guard: ItlGuard | None, view: ReplicaView) -> int:
+    """The sequences admission lets ``view`` run: its guard, or its own slots when fewer. Runs for
+    every replica of every room check, so ``sequence_limit`` is written out."""
+    if guard is not None:
+        learned = guard.limits.get(view.replica_id, limit)
+        if learned < limit:
+            limit = learned
+    return view.max_sequences if 0 < view.max_sequences < limit else limit
+
+
+def measured_itl_s(guard: ItlGuard | None, view: ReplicaView) -> float | None:
+    """The replica's inter-token latency at the sequences it runs now, from its learned line, once
+    that line stands; None before (the fleet's applies)."""
+    fit = None if guard is None else guard.fits.get(view.replica_id)
+    if fit is None or fit.observations < MIN_OBSERVATIONS:
+        return None
+    return fit.predicted_itl_s(view.load.resident_sequences)

@@ -45,8 +45,8 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from kvgate.admission.decision import AdmissionRequest
-from kvgate.admission.queue import Ahead
+from kvgate.admission.decision import AdmissionRequest, Admit, Decision, Refusal
+from kvgate.admission.queue import Ahead, QueuedRequest, WaitQueue
 
 RETRY_COUNT_HEADER = "x-stainless-retry-count"
 IDEMPOTENCY_KEY_HEADER = "idempotency-key"
@@ -108,6 +108,17 @@ class PromiseCounts:
     broken: int = 0
     lapsed: int = 0
     errors: ForecastErrors = dataclasses.field(default_factory=ForecastErrors)
+
+    def claimed(self, promise: Promise, decision: Decision, now_s: float, room_at_s: float | None) -> None:
+        """Count what a request that came back to ``promise`` was answered at ``now_s``. A claimant
+        queued at the head of its class is counted when it leaves the queue, not here."""
+        if isinstance(decision, Refusal):
+            self.broken += 1
+            late_s = math.inf if decision.retry_after is None else decision.retry_after.expected_s
+            self.errors.observe(now_s + late_s - promise.due_s)
+        elif isinstance(decision, Admit):
+            self.kept += 1
+            self.errors.observe((now_s if room_at_s is None else room_at_s) - promise.due_s)
 
 
 class PromiseBook:
@@ -347,3 +358,20 @@ def retry_count(headers: Mapping[str, str]) -> int | None:
     if raw is None or len(raw) > 9 or not (raw.isascii() and raw.isdigit()):
         return None
     return int(raw)
+
+
+def work_ahead(queue: WaitQueue, book: PromiseBook, entry: QueuedRequest) -> Ahead:
+    """Queued and promised work dispatched before ``entry``: a claimant goes at the head of its
+    class, anyone else behind its tenant's share and the promises due before it."""
+    request = entry.request
+    if entry.promised_due_s is None:
+        queued = queue.ahead(request.tenant, entry.rank, request.model)
+    else:
+        queued = queue.ahead_of_claimant(entry.rank, request.model)
+    promised = book.ahead(entry.rank, request.model, entry.promised_due_s)
+    return Ahead(
+        queued.requests + promised.requests,
+        queued.kv_tokens + promised.kv_tokens,
+        queued.prompt_tokens + promised.prompt_tokens,
+        queued.max_output_tokens + promised.max_output_tokens,
+    )
