@@ -142,3 +142,11 @@ def test_a_prompt_under_a_large_limit_is_counted_exactly(text: str) -> None:
 def test_other_tokenisers_refuse_on_their_whole_texts_lower_bound() -> None:
     runs = list(bounded_runs(BytesEstimateTokenizer(4.0), "x" * 400_000, 10_000))
     assert len(runs) == 1 and type(runs[0]) is OverLimit and len(runs[0]) == 100_000
+
+
+def test_a_job_pauses_between_its_runs() -> None:
+    pauses: list[int] = []
+    job = EncodeJob(limit_tokens=20_000)
+    job.pause = lambda: pauses.append(job.tokens_counted)
+    runs = list(job.runs(CL100K, _short_words(1 << 20)))
+    assert len(pauses) == len(runs) > 1
