@@ -99,11 +99,10 @@ def batch_of(body: Mapping[str, Any]) -> list[str] | list[list[int]] | None:
     return None
 
 
-class OverLimit(list[int]):
-    """Zeros standing for the tokens of a text known to be over the limit without all of them encoded:
-    as many as a lower bound, or a count through inexact cuts less their margin."""
-
-    __slots__ = ()
+Run = tuple[list[int], bool]
+"""A run of ``bounded_runs``: ids, and whether they were encoded (False: zeros standing for the
+tokens of a text known to be over the limit without all of them encoded, as many as a lower bound
+or as a count through inexact cuts less its margin)."""
 
 
 def bounded_runs(
@@ -112,30 +111,30 @@ def bounded_runs(
     limit_tokens: int,
     run_chars: int = RUN_CHARS,
     stretch_chars: int = STRETCH_CHARS,
-) -> Iterator[list[int]]:
+) -> Iterator[Run]:
     """``text``'s ids in runs, for a caller that stops once their count reaches ``limit_tokens``: each
     run exactly the next ids of the whole text, while the text is under the limit. A text that is over
-    it may end in an ``OverLimit`` run that brings the count to at least ``limit_tokens``; it may
+    it may end in a stand-in run (``Run``) that brings the count to at least ``limit_tokens``; it may
     yield empty runs meanwhile, so that the caller can stop between pieces of work. Only tiktoken's
     pieces can be cut exactly; other tokenisers count as ``Tokenizer.encode_runs`` does, after their
     whole text's lower bound."""
     if len(text) * UTF8_MAX_BYTES_PER_CHAR < limit_tokens:
-        yield from tokenizer.encode_runs(text, run_chars)
+        yield from _encoded(tokenizer.encode_runs(text, run_chars))
         return
     if not isinstance(tokenizer, TiktokenTokenizer):
         at_least = tokenizer.min_tokens(text)
         if at_least >= limit_tokens:
-            yield OverLimit([0] * at_least)
+            yield [0] * at_least, False
             return
-        yield from tokenizer.encode_runs(text, run_chars)
+        yield from _encoded(tokenizer.encode_runs(text, run_chars))
         return
     at_least = 0
     for start in range(0, len(text), BOUND_SLICE_CHARS):
         at_least += tokenizer.min_tokens(text[start : start + BOUND_SLICE_CHARS]) - (start > 0)
         if at_least >= limit_tokens:
-            yield OverLimit([0] * at_least)
+            yield [0] * at_least, False
             return
-        yield []
+        yield [], True
     yielded = 0
     counted = 0
     exact_end = 0
@@ -146,16 +145,21 @@ def bounded_runs(
         if exact and not over_count_tokens:
             exact_end = end
             yielded = counted
-            yield run
+            yield run, True
             if counted >= limit_tokens:
                 return
             continue
         over_count_tokens += OVERCOUNT_PER_CUT_TOKENS
         if counted - over_count_tokens >= limit_tokens:
-            yield OverLimit([0] * (counted - over_count_tokens - yielded))
+            yield [0] * (counted - over_count_tokens - yielded), False
             return
-        yield []
-    yield from tokenizer.encode_runs(text[exact_end:], run_chars)
+        yield [], True
+    yield from _encoded(tokenizer.encode_runs(text[exact_end:], run_chars))
+
+
+def _encoded(runs: Iterator[list[int]]) -> Iterator[Run]:
+    for run in runs:
+        yield run, True
 
 
 def _slices(text: str, run_chars: int, stretch_chars: int) -> Iterator[tuple[int, int, bool]]:
@@ -177,12 +181,14 @@ def _slices(text: str, run_chars: int, stretch_chars: int) -> Iterator[tuple[int
         start = end
 
 
-def _last_exact_cut(text: str, start: int, end: int) -> int:
-    """The last exact cut after ``start`` and before ``end``, or ``start`` when there is none."""
-    while True:
+def _last_exact_cut(text: str, start: int, end: int, tries: int = 8) -> int:
+    """The last exact cut after ``start`` and before ``end``, or ``start`` when there is none among
+    the last ``tries`` spaces (a long run of whitespace is not walked back space by space)."""
+    for _ in range(tries):
         space = text.rfind(" ", start + 1, end)
         if space < 0:
             return start
         if not text[space - 1].isspace():
             return space
         end = space
+    return start

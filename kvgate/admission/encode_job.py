@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kvgate.admission.counting import OverLimit, bounded_runs
+from kvgate.admission.counting import bounded_runs
 from kvgate.admission.tokenizer import Tokenizer
 
 
@@ -47,11 +47,12 @@ class EncodeJob:
         counted = 0
         runs = bounded_runs(tokenizer, text, self.limit_tokens)
         while not self.stopped and counted < self.limit_tokens:
-            run = next(runs, None)
-            if run is None:
+            step = next(runs, None)
+            if step is None:
                 return
+            run, encoded = step
             counted += len(run)
-            if type(run) is not OverLimit:
+            if encoded:
                 self.tokens_counted += len(run)
             yield run
             if self.pause is not None:

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from kvgate.admission.counting import (
     BOUND_SLICE_CHARS,
     STRETCH_CHARS,
-    OverLimit,
     bounded_runs,
 )
 from kvgate.admission.encode_job import EncodeJob
@@ -59,9 +58,9 @@ def _short_words(n: int, seed: int = 0) -> str:
 def _count(tokenizer: TiktokenTokenizer, text: str, limit_tokens: int, **sizes: int) -> tuple[int, bool]:
     """What a caller stopping at ``limit_tokens`` counts, and whether a run stood in for the rest."""
     counted, stand_in = 0, False
-    for run in bounded_runs(tokenizer, text, limit_tokens, **sizes):
+    for run, encoded in bounded_runs(tokenizer, text, limit_tokens, **sizes):
         counted += len(run)
-        stand_in |= type(run) is OverLimit
+        stand_in |= not encoded
         if counted >= limit_tokens:
             break
     return counted, stand_in
@@ -83,8 +82,8 @@ def test_runs_under_the_limit_are_exactly_the_whole_texts_ids(
 ) -> None:
     ids = CL100K.encode(text)
     runs = list(bounded_runs(CL100K, text, len(ids) + 1, run_chars=run_chars, stretch_chars=stretch_chars))
-    assert [i for run in runs for i in run] == ids
-    assert not any(type(run) is OverLimit for run in runs)
+    assert [i for run, _ in runs for i in run] == ids
+    assert all(encoded for _, encoded in runs)
 
 
 @settings(max_examples=40, deadline=None)
@@ -126,7 +125,7 @@ def test_the_lower_bound_stops_within_a_slice_of_the_limit() -> None:
     text = _short_words(1 << 20)
     runs = list(bounded_runs(CL100K, text, 20_000))
     assert len(runs) < (len(text) // BOUND_SLICE_CHARS) // 2
-    assert type(runs[-1]) is OverLimit
+    assert runs[-1][1] is False
 
 
 @pytest.mark.parametrize(
@@ -141,7 +140,7 @@ def test_a_prompt_under_a_large_limit_is_counted_exactly(text: str) -> None:
 
 def test_other_tokenisers_refuse_on_their_whole_texts_lower_bound() -> None:
     runs = list(bounded_runs(BytesEstimateTokenizer(4.0), "x" * 400_000, 10_000))
-    assert len(runs) == 1 and type(runs[0]) is OverLimit and len(runs[0]) == 100_000
+    assert [(len(run), encoded) for run, encoded in runs] == [(100_000, False)]
 
 
 def test_a_job_pauses_between_its_runs() -> None:
