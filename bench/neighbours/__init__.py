@@ -17,7 +17,10 @@ p99 the huge prompts add. ``--up`` runs ``kvgate up`` instead (the replicas in t
 process and event loop), as someone trying kvgate would. ``--py-spy FILE`` records the first
 gateway with py-spy (raw stacks of the threads holding the GIL), to find where the time goes.
 
+``--shape`` picks the huge prompt's shapes (``bench.neighbours.prompts``: prose ``words``, random
+``short-words``, one unbroken run of ``letters``; comma-separated, or ``all``), each run in turn.
+
     python -m bench neighbours [--rounds 4] [--phase-s 5] [--variant over|fits|both]
-        [--checkout DIR ...] [--up] [--py-spy FILE]
-    python -m bench neighbours --loop-lag [--checkout DIR ...] [--rounds 4] [--prompts 10]
+        [--shape words|short-words|letters|all] [--checkout DIR ...] [--up] [--py-spy FILE]
+    python -m bench neighbours --loop-lag [--checkout DIR ...] [--rounds 4] [--prompts 10] [--shape ...]
 """

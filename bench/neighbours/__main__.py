@@ -10,6 +10,7 @@ import bench.neighbours as package
 from bench.harness.cli import benchmark_parser, recorded
 from bench.neighbours.loop_lag import loop_lag
 from bench.neighbours.phases import run, summarize
+from bench.neighbours.prompts import SHAPES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the huge prompt over the model's context, fitting it, or each in turn",
     )
     parser.add_argument("--size-mb", type=float, default=1.0, help="huge prompt size (MB, 10^6 bytes)")
+    parser.add_argument(
+        "--shape",
+        default="words",
+        help=f"the huge prompt's shapes, comma-separated or all ({', '.join(SHAPES)})",
+    )
     parser.add_argument(
         "--checkout",
         action="append",
@@ -40,17 +46,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.up and args.variant != "over":
         parser.error("--up runs kvgate up's own model window: only --variant over")
+    shapes = SHAPES if args.shape == "all" else tuple(args.shape.split(","))
+    if not set(shapes) <= set(SHAPES):
+        parser.error(f"--shape {args.shape}: known shapes are {', '.join(SHAPES)} and all")
     checkouts = [c.resolve() for c in args.checkout or [Path.cwd()]]
     with recorded(args.out) as out:
         if args.loop_lag:
-            loop_lag(checkouts, args.rounds, args.prompts, out)
+            loop_lag(checkouts, args.rounds, args.prompts, out, shapes)
             return 0
         phases = []
+        size_bytes = int(args.size_mb * 1e6)
         for variant in ("over", "fits") if args.variant == "both" else (args.variant,):
-            size_bytes = int(args.size_mb * 1e6)
-            phases += asyncio.run(
-                run(checkouts, args.rounds, args.phase_s, variant, size_bytes, args.py_spy, out, args.up)
-            )
+            for shape in shapes:
+                options = (args.rounds, args.phase_s, variant, size_bytes, args.py_spy, out, args.up, shape)
+                measured = run(checkouts, *options)
+                phases += asyncio.run(measured)
         summarize(phases)
     return 0
 

@@ -23,7 +23,7 @@ from bench.harness.gateway import kvgate_command, start_gateway
 from bench.harness.gateway_config import Model, Pool, gateway_config
 from bench.harness.processes import children
 from bench.harness.ready import wait_ready
-from bench.tokenize import make_prompt
+from bench.neighbours.prompts import shaped_prompt
 from kvgate.sim.ports import free_ports
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -47,6 +47,7 @@ class Phase:
     checkout: str
     round: int
     huge: bool
+    shape: str = "words"
     latencies_s: list[float] = field(default_factory=list)
     small_statuses: Counter[int] = field(default_factory=Counter)
     huge_statuses: Counter[int | str] = field(default_factory=Counter)
@@ -144,7 +145,7 @@ async def _phase(
 def _describe(phase: Phase) -> str:
     p50_ms, p99_ms = (quantile(phase.latencies_s, q) * 1e3 for q in (0.5, 0.99))
     line = (
-        f"{phase.variant:<5} {phase.checkout:<8} {'huge' if phase.huge else 'quiet':<6} "
+        f"{phase.variant:<5} {phase.shape:<11} {phase.checkout:<8} {'huge' if phase.huge else 'quiet':<6} "
         f"small n={len(phase.latencies_s):>5} "
         f"p50 {p50_ms:6.1f} ms p99 {p99_ms:6.1f} ms"
     )
@@ -163,9 +164,10 @@ async def run(
     py_spy_out: str | None,
     out: Path,
     up: bool = False,
+    shape: str = "words",
 ) -> list[Phase]:
     fits = variant == "fits"
-    prompt = make_prompt(size_bytes)
+    prompt = shaped_prompt(shape, size_bytes)
     huge_body = orjson.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 8}
     )
@@ -185,7 +187,7 @@ async def run(
                 process = started.start([*wrapper, *command], cwd=checkout, env=_source(checkout))
             else:
                 config = _gateway_config(replica_urls, port, fits)
-                config_path = out / f"gateway-{variant}-{i}.yaml"
+                config_path = out / f"gateway-{variant}-{shape}-{i}.yaml"
                 process = start_gateway(
                     started, config, config_path, cwd=checkout, env=_source(checkout), wrapper=wrapper
                 ).process
@@ -204,17 +206,17 @@ async def run(
                 f"{replicas} simulated replicas (time scale 1); {len(urls)} gateway(s): "
                 + ", ".join(f"{n} ({c})" for n, c in zip(names, checkouts, strict=True))
                 + f"; {CLIENTS} small clients; huge prompt {len(huge_body) / 1e6:.2f} MB every "
-                f"{HUGE_EVERY_S:g} s, {'fits the context' if fits else 'over the context'}; "
+                f"{HUGE_EVERY_S:g} s, {shape}, {'fits the context' if fits else 'over the context'}; "
                 f"{rounds} rounds of {phase_s:g} s phases",
                 flush=True,
             )
             for name, url in zip(names, urls, strict=True):
-                warm_up = Phase(variant, name, 0, False)
+                warm_up = Phase(variant, name, 0, False, shape)
                 await _phase(small, huge, url + "/v1/chat/completions", None, warm_up, 2.0)
             for i in range(rounds):
                 for name, url in zip(names, urls, strict=True):
                     for with_huge in (False, True) if i % 2 == 0 else (True, False):
-                        phase = Phase(variant, name, i, with_huge)
+                        phase = Phase(variant, name, i, with_huge, shape)
                         body = huge_body if with_huge else None
                         await _phase(small, huge, url + "/v1/chat/completions", body, phase, phase_s)
                         phases.append(phase)
@@ -230,11 +232,11 @@ def summarize(phases: list[Phase]) -> None:
     over all rounds, and the median of each round's own difference (huge minus quiet, next to each
     other in time), which a burst of load from outside the run moves far less."""
     print(
-        f"\n{'variant':<8} {'gateway':<10} {'phase':<6} {'small n':>8} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'added p99 ms':>13} {'per round, median':>18}"
+        f"\n{'variant':<8} {'shape':<12} {'gateway':<10} {'phase':<6} {'small n':>8} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'added p99 ms':>13} {'per round, median':>18}"
     )
-    for variant, name in dict.fromkeys((p.variant, p.checkout) for p in phases):
-        mine = [p for p in phases if p.variant == variant and p.checkout == name]
+    for variant, shape, name in dict.fromkeys((p.variant, p.shape, p.checkout) for p in phases):
+        mine = [p for p in phases if (p.variant, p.shape, p.checkout) == (variant, shape, name)]
         quiet = [x for p in mine if not p.huge for x in p.latencies_s]
         huge = [x for p in mine if p.huge for x in p.latencies_s]
         added_ms = (quantile(huge, 0.99) - quantile(quiet, 0.99)) * 1e3
@@ -247,8 +249,8 @@ def summarize(phases: list[Phase]) -> None:
         for label, values in (("quiet", quiet), ("huge", huge)):
             extra = f"{added_ms:>+13.1f} {statistics.median(per_round_ms):>+18.1f}" if label == "huge" else ""
             print(
-                f"{variant:<8} {name:<10} {label:<6} {len(values):>8} {quantile(values, 0.5) * 1e3:>7.1f} "
-                f"{quantile(values, 0.99) * 1e3:>7.1f} {extra}"
+                f"{variant:<8} {shape:<12} {name:<10} {label:<6} {len(values):>8} "
+                f"{quantile(values, 0.5) * 1e3:>7.1f} {quantile(values, 0.99) * 1e3:>7.1f} {extra}"
             )
     errors = Counter(s for p in phases for s in p.small_statuses.elements() if s != 200)
     if errors:

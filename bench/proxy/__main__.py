@@ -63,6 +63,12 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--peer-bin-dir", type=Path, help="where the routers' scripts are (with --peers)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per target (with --peers)")
     parser.add_argument(
+        "--driver",
+        choices=("raw", "aiohttp"),
+        default="raw",
+        help="with --peers: the load generator, a minimal keep-alive HTTP/1.1 client (raw) or aiohttp",
+    )
+    parser.add_argument(
         "--kvgate-from",
         metavar="NAME=DIR",
         action="append",

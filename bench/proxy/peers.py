@@ -7,11 +7,15 @@ for the other scenarios) and each peer router (``bench.harness.peers``: ``vllm-r
 targets are measured in turn, round after round (A, B, C, A, B, C, ...), so a quieter or busier
 moment of this shared machine lands on all of them alike; each round warms the target first, then
 reads its process's CPU seconds (with its children's) over ``--requests`` requests at the same
-concurrency from this driver. The table gives each target's median over the rounds and its ratio
-to ``vllm:round_robin``'s in the same run.
+concurrency from this driver. The load is a closed loop of ``--concurrency`` keep-alive
+connections from a minimal HTTP/1.1 client (``bench.proxy.closed_loop``: on two shared cores an
+aiohttp client costs several times a Rust router's CPU per request, which throttles what it offers;
+``--driver aiohttp`` gives the figures taken with it before). The table gives each target's median
+over the rounds of its CPU per request, requests per second and p99 time to the first chunk, and
+each one's ratio to ``vllm:round_robin``'s in the same run.
 
     python -m bench proxy --peers all [--rounds 3] [--requests 4000] [--streams 600]
-        [--peer-bin-dir /path/to/venv/bin] [--kvgate-from NAME=DIR ...]
+        [--peer-bin-dir /path/to/venv/bin] [--kvgate-from NAME=DIR ...] [--driver raw|aiohttp]
 
 ``--kvgate-from compiled=../kvgate-compiled`` adds a gateway run from another checkout (a compiled
 build, another commit: ``python -m kvgate serve`` started in DIR runs DIR's code) to the same
@@ -38,6 +42,7 @@ import psutil
 from bench.harness import peers
 from bench.harness.gateway import start_gateway
 from bench.harness.processes import children
+from bench.proxy.closed_loop import LoopResult, closed_loop
 from bench.proxy.load import drive
 from bench.proxy.stage import CHAT_PATH, CHUNKS, MODEL, PACE_PROMPT_PREFIX, config, start_backends
 from kvgate.sim.ports import free_ports
@@ -52,13 +57,31 @@ WORKLOADS: tuple[tuple[str, bool, float], ...] = (
 """(name, stream, ms between chunks)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One target's figures over one round of one workload."""
+
+    cpu_ms: float
+    """CPU milliseconds per request of the target's process tree."""
+    per_s: float
+    """Requests answered per second through the target."""
+    ttfc_p99_ms: float
+    """99th percentile of the time to the answer's first body bytes (a stream's first chunk)."""
+    p99_ms: float
+
+
 @dataclass(slots=True)
 class Target:
     name: str
     url: str
     process: psutil.Process
-    cpu_ms: dict[str, list[float]] = field(default_factory=dict)
-    """Per workload, CPU milliseconds per request in each round."""
+    rounds: dict[str, list[Round]] = field(default_factory=dict)
+    """Per workload, each round's figures."""
+
+    @property
+    def cpu_ms(self) -> dict[str, list[float]]:
+        """Per workload, CPU milliseconds per request in each round."""
+        return {name: [r.cpu_ms for r in rounds] for name, rounds in self.rounds.items()}
 
     def cpu_seconds(self) -> float:
         total = 0.0
@@ -72,9 +95,24 @@ class Target:
 
 
 async def measure(
-    targets: Sequence[Target], rounds: int, requests: int, streams: int, concurrency: int
+    targets: Sequence[Target],
+    rounds: int,
+    requests: int,
+    streams: int,
+    concurrency: int,
+    driver: str = "raw",
 ) -> None:
+    """Each workload, each target in turn per round: a closed loop of ``concurrency`` connections
+    from the minimal keep-alive client (``driver`` raw, ``bench.proxy.closed_loop``) or from an
+    aiohttp session (``driver`` aiohttp, as the figures before it were taken)."""
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one_loop(url: str, body: bytes, headers: dict[str, str], total: int) -> LoopResult:
+            if driver == "raw":
+                return await closed_loop(url, body, headers, total, concurrency)
+            result = await drive(session, url, body, headers, total, concurrency)
+            return LoopResult(result.latencies_s, [], result.wall_s)
+
         for name, stream, pace_ms in WORKLOADS:
             total = streams if stream else requests
             body = orjson.dumps(
@@ -89,30 +127,53 @@ async def measure(
             for round_number in range(1, rounds + 1):
                 for target in targets:
                     url = target.url + CHAT_PATH
-                    await drive(session, url, body, headers, concurrency, concurrency)
+                    await one_loop(url, body, headers, concurrency * 2)
                     before = target.cpu_seconds()
-                    result = await drive(session, url, body, headers, total, concurrency)
-                    per_request_ms = (target.cpu_seconds() - before) * 1000 / total
-                    target.cpu_ms.setdefault(name, []).append(per_request_ms)
+                    result = await one_loop(url, body, headers, total)
+                    measured = Round(
+                        (target.cpu_seconds() - before) * 1000 / total,
+                        result.per_s(),
+                        result.ttfc(0.99) * 1000,
+                        result.p(0.99) * 1000,
+                    )
+                    target.rounds.setdefault(name, []).append(measured)
                     print(
                         f"  {name:<34} round {round_number}/{rounds}  {target.name:<20} "
-                        f"{per_request_ms:6.3f} ms CPU/request  p50 {result.p(0.5) * 1000:6.1f} ms",
+                        f"{measured.cpu_ms:6.3f} ms CPU/request {measured.per_s:7.0f}/s  "
+                        f"TTFC p99 {measured.ttfc_p99_ms:6.1f} ms  p50 {result.p(0.5) * 1000:6.1f} ms",
                         flush=True,
                     )
 
 
 def print_table(targets: Sequence[Target], concurrency: int) -> None:
+    """Per workload and target, the median over rounds of each figure (CPU with its min-max) and its
+    ratio to ``BASELINE``'s median in the same run."""
     baseline = next((t for t in targets if t.name == BASELINE), None)
-    print(f"\nrouter CPU per request, concurrency {concurrency}, median of rounds (min-max)")
-    print(f"{'workload':<36}{'router':<22}{'CPU ms/request':>22}{'ratio to ' + BASELINE:>30}")
+    print(
+        f"\nrouter CPU per request, concurrency {concurrency}, median of rounds (min-max); x: to {BASELINE}"
+    )
+    print(
+        f"{'workload':<36}{'router':<22}{'CPU ms/request':>22}{'x':>7}{'req/s':>9}{'x':>7}"
+        f"{'TTFC p99 ms':>13}{'x':>7}"
+    )
     for name, _, _ in WORKLOADS:
-        reference = statistics.median(baseline.cpu_ms[name]) if baseline else None
         for target in targets:
-            values = target.cpu_ms[name]
-            median = statistics.median(values)
-            spread = f"{median:.3f} ({min(values):.3f}-{max(values):.3f})"
-            ratio = f"{median / reference:.2f}x" if reference else "-"
-            print(f"{name:<36}{target.name:<22}{spread:>22}{ratio:>30}")
+            rounds = target.rounds[name]
+            cpu = [r.cpu_ms for r in rounds]
+            spread = f"{statistics.median(cpu):.3f} ({min(cpu):.3f}-{max(cpu):.3f})"
+            cells = [f"{spread:>22}"]
+            for figure in ("cpu_ms", "per_s", "ttfc_p99_ms"):
+                mine = _median(rounds, figure)
+                reference = _median(baseline.rounds[name], figure) if baseline else float("nan")
+                ratio = f"{mine / reference:.2f}x" if reference == reference and reference else "-"
+                if figure != "cpu_ms":
+                    cells.append(f"{mine:>9.0f}" if figure == "per_s" else f"{mine:>13.1f}")
+                cells.append(f"{ratio:>7}")
+            print(f"{name:<36}{target.name:<22}{''.join(cells)}")
+
+
+def _median(rounds: Sequence[Round], figure: str) -> float:
+    return float(statistics.median(getattr(r, figure) for r in rounds))
 
 
 def kvgate_checkouts(specs: Sequence[str]) -> list[tuple[str, Path | None]]:
@@ -167,6 +228,6 @@ async def compare(args: argparse.Namespace) -> int:
                     return 2
                 targets.append(Target(peer.name, url, psutil.Process(process.pid)))
         print(f"targets: {', '.join(t.name for t in targets)}; {args.rounds} rounds each", flush=True)
-        await measure(targets, args.rounds, args.requests, args.streams, args.concurrency)
+        await measure(targets, args.rounds, args.requests, args.streams, args.concurrency, args.driver)
         print_table(targets, args.concurrency)
         return 0

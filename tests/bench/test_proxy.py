@@ -30,16 +30,20 @@ def test_report_measures_every_part_and_keeps_the_one_off_section(tmp_path: Path
     assert "non-stream serial (c=1)" in printed and f"report: {report}" in printed
 
 
+@pytest.mark.parametrize("driver", ["raw", "aiohttp"])
 def test_peers_rotation_takes_a_gateway_from_another_checkout(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], driver: str
 ) -> None:
     sizes = ["--concurrency", "2", "--requests", "6", "--streams", "2", "--rounds", "1"]
     args = [*sizes, "--peers", "none", "--kvgate-from", f"other={CHECKOUT}", "--out", str(tmp_path)]
-    assert main(args) == 0
+    assert main([*args, "--driver", driver]) == 0
     table = capsys.readouterr().out.split("router CPU per request")[1]
     for workload in ("non-stream", "back to back", "5 ms apart"):
         rows = [line.split() for line in table.splitlines() if workload in line]
-        assert [row[-4] for row in rows] == ["kvgate", "other"]
+        assert [row[-8] for row in rows] == ["kvgate", "other"]
+        assert all(float(row[-4]) > 0 for row in rows), "requests per second"
+        ttfc = [float(row[-2]) for row in rows]
+        assert all(t > 0 for t in ttfc) if driver == "raw" else all(t != t for t in ttfc)
 
 
 def test_peers_rotation_refuses_a_directory_that_holds_no_checkout(

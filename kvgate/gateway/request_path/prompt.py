@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,8 @@ from kvgate.routing.prefix_hash import BlockHasher, block_hashes
 
 OFF_LOOP_TEXT_BYTES = 32 * 1024
 CACHED_PROMPTS = 1024
+_GIVE_WAY = functools.partial(time.sleep, 0)
+"""Between a worker's runs: the GIL to a waiting event loop at once (``EncodeJob.pause``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +148,7 @@ class PromptEncoder:
             finally:
                 self.running -= 1
                 turns.release()
-        job = EncodeJob(self._limits[model])
+        job = EncodeJob(self._limits[model], pause=_GIVE_WAY)
         self._jobs.append(job)
         self.running += 1
         try:
