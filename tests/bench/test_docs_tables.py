@@ -15,21 +15,13 @@ UNMARKED_ALLOWED = {
     # check, and a marker here would make the file differ from what the schema renders.
     "config-reference.md",
 }
-UNMARKED_TABLES_ALLOWED = {
-    # A reference table (rooms and what they import) whose one digit is a benchmark's "2x" overload;
-    # its file's owner adds <!-- table: reference --> above it, then this entry goes.
-    ("architecture.md", "| room | job | may import (of ours) |"),
-}
 
 
 def test_every_numeric_table_in_the_docs_names_where_its_numbers_come_from() -> None:
     unmarked = [
         f"{t.where} {t.rows[0][:60]}"
         for t in doc_tables()
-        if t.numeric
-        and t.marker is None
-        and t.path.name not in UNMARKED_ALLOWED
-        and (t.path.name, t.rows[0].strip()) not in UNMARKED_TABLES_ALLOWED
+        if t.numeric and t.marker is None and t.path.name not in UNMARKED_ALLOWED
     ]
     assert unmarked == [], "tables of numbers without a <!-- table: ... --> marker above them"
 
