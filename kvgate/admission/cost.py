@@ -187,8 +187,9 @@ def estimate_cost(
     window = facts.max_model_len
     if longest >= window:
         return InvalidRequest(
-            f"This model's maximum context length is {window} tokens. However, your request has "
-            f"{longest} input tokens. Please reduce the length of the input messages.",
+            # "at least", as vLLM words it: counting stops once a prompt reaches the window.
+            f"This model's maximum context length is {window} tokens. However, your request has at "
+            f"least {longest} input tokens. Please reduce the length of the input messages.",
             "messages",
         )
     if max_tokens is None:

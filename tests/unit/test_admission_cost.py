@@ -53,7 +53,7 @@ def test_accepted_caps(model: str, prompt: int, max_tokens: int | None, expected
         ("strict", 100, None, "max_tokens", "is required for model 'strict'"),
         ("capped", 100, 4097, "max_tokens", "is too large: 4097"),
         ("strict", 4097, 4096, "max_tokens", "(4096 > 8192 - 4097)"),
-        ("capped", 8192, None, "messages", "your request has 8192 input tokens"),
+        ("capped", 8192, None, "messages", "your request has at least 8192 input tokens"),
         ("strict", 9000, 10, "messages", "maximum context length is 8192 tokens"),
     ],
 )
