@@ -23,7 +23,7 @@ from bench.autoscale_lab.scenarios import LAB_DAY_S, SCENARIOS
 
 @pytest.fixture(scope="module")
 def result() -> ScenarioResult:
-    return run_scenario("small", seed=1)
+    return run_scenario("small", seed=1, policies=("kvgate", "request_rate", "utilization", "waiting"))
 
 
 def test_the_same_seed_gives_the_same_run(result: ScenarioResult) -> None:
