@@ -146,6 +146,8 @@ class PoolAutoscaler:
         self._lead_s = policy.forecast.lead_s or policy.cold_start_s
         self._forecaster = Forecaster(policy.forecast, self._lead_s) if policy.forecast.enabled else None
         self._last_queued: tuple[float, int] | None = None
+        self._foreseen_share: float | None = None
+        """This sample's forecast in replicas' worth of work at full use (None: none)."""
         self._queued: deque[tuple[float, float]] = deque()
         """(time, prompt tokens waiting) over the last ``scale_out_window_s``, changes included."""
 
@@ -154,6 +156,8 @@ class PoolAutoscaler:
         now_s = s.time_s
         self._settle(s)
         self._track(s)
+        forecast, error = self._foresee(s)
+        self._foreseen_share = None if forecast is None else forecast * p.target_utilization_ratio
         self._queued.append((now_s, float(s.prompt_tokens_queued)))
         while self._queued[0][0] < now_s - p.scale_out_window_s:
             self._queued.popleft()
@@ -216,7 +220,6 @@ class PoolAutoscaler:
             # The last change was a step out that undid a step in: a step in now would turn the
             # fleet twice within one stabilisation window.
             desired, reason = base, HOLD_STABILIZING
-        forecast, error = self._foresee(s)
         scheduled = scheduled_replicas(p.forecast, now_s, self._lead_s)
         foreseen = max(scheduled, math.ceil(forecast - 1e-9) if forecast is not None else 0)
         if foreseen > desired:
@@ -344,7 +347,14 @@ class PoolAutoscaler:
         if share is None:
             return None
         growth = self._share_growth(s)
-        return share + (growth if falling else max(0.0, growth)) * self.policy.cold_start_s
+        projected = share + (growth if falling else max(0.0, growth)) * self.policy.cold_start_s
+        foreseen = self._foreseen_share
+        if not falling and foreseen is not None and foreseen >= share:
+            # The forecast holds this rise: the demand it learned for the next cold start bounds the
+            # present's slope projected over it (a step served by replicas started ahead reads as
+            # steep growth for a window). A present above the forecast projects as before.
+            projected = min(projected, max(share, foreseen))
+        return projected
 
     def _share_growth(self, s: PoolSignals) -> float:
         """Replicas' worth of served work gained per second over the growth window's unhurried
