@@ -419,7 +419,14 @@ class PoolAutoscaler:
             return 0
         busy = self._share(s, served, s.output_tokens_per_s)
         kv = s.kv_occupancy_ratio * ready
-        if busy is None or busy >= ready * p.target_utilization_ratio or kv < KV_BOUND_RATIO * busy:
+        if (
+            busy is None
+            or busy >= ready * p.target_utilization_ratio
+            or kv < KV_BOUND_RATIO * busy
+            or s.kv_occupancy_ratio < p.scale_in_occupancy_ratio
+        ):
+            # Not bound by its cache: compute is busy, or the cache is not past the idle mark (a
+            # backlog the served rates have not caught up with yet, behind a step of demand).
             return 0
         queued = list(self._queued)
         growth = max(0.0, slope(queued)) if len(queued) >= 3 else 0.0
