@@ -11,14 +11,24 @@ import bench.autoscale_lab as package
 from bench.autoscale_lab.compare import POLICIES, SEED, present_only, run_scenario
 from bench.autoscale_lab.measures import present_only_table, table
 from bench.autoscale_lab.plots import plot
-from bench.autoscale_lab.scenarios import FULL, SCENARIOS
+from bench.autoscale_lab.scenarios import FULL, SCENARIOS, WEEKS
 from bench.harness.cli import benchmark_parser, recorded
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser("autoscale_lab", package.__doc__, seed=SEED)
-    parser.add_argument("--scenario", default="all", help=f"all, or some of {','.join(SCENARIOS)}")
-    parser.add_argument("--policies", default=",".join(POLICIES), help="default: all four")
+    parser.add_argument(
+        "--scenario",
+        default="all",
+        help=f"all, days (the four single days), weeks (the three weeks), or some of {','.join(SCENARIOS)}",
+    )
+    parser.add_argument("--policies", default=",".join(POLICIES), help="default: all five")
+    parser.add_argument(
+        "--oracle-headroom",
+        type=float,
+        help="follow the oracle's schedule at this headroom instead of searching for the leanest (one run "
+        "instead of three or four)",
+    )
     parser.add_argument(
         "--plots",
         help="folder for autoscale-lab-<scenario>.png (default: --out; docs to renew the documentation's, "
@@ -33,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         "the bound of any scaler without foresight",
     )
     args = parser.parse_args(argv)
-    names = FULL if args.scenario == "all" else tuple(args.scenario.split(","))
+    groups = {"all": FULL + WEEKS, "days": FULL, "weeks": WEEKS}
+    names = groups.get(args.scenario) or tuple(args.scenario.split(","))
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
@@ -42,7 +53,11 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         for name in names:
             result = run_scenario(
-                name, args.seed, args.policies.split(","), progress=lambda line: print(line, flush=True)
+                name,
+                args.seed,
+                args.policies.split(","),
+                progress=lambda line: print(line, flush=True),
+                oracle_headroom=args.oracle_headroom,
             )
             print(table(result), flush=True)
             if args.present_only:

@@ -24,7 +24,7 @@ from bench.autoscale_lab.records import LabRun, LabSettings, Scaler
 from bench.autoscale_lab.scalers import Kvgate, follow, request_rate, utilization, waiting
 from bench.autoscale_lab.scenarios import BASE_MIX, CLASSES, SCENARIOS, Arrival
 from bench.routing_lab.traces import FLEET_OVERRIDES, SLO_ITL_S, SLO_TTFT_S
-from kvgate.config.autoscaler import PoolPolicy
+from kvgate.config.autoscaler import ForecastPolicy, PoolPolicy
 from kvgate.sim.profile import Profile, resolve_profile
 
 SEED = 0
@@ -33,7 +33,10 @@ MAX_REPLICAS = 16
 TARGET_UTILIZATION_RATIO = 0.75
 ORACLE_SLO_RATIO = 0.99
 """The oracle's schedule is the leanest reaching this share of good requests."""
-POLICIES = ("kvgate", "request_rate", "utilization", "waiting")
+POLICIES = ("kvgate", "kvgate_forecast", "request_rate", "utilization", "waiting")
+FORECAST_BUCKET_S = 30.0
+"""The forecast's profile slot in the lab: a 30 s window of the oracle's, a twentieth of a lab day."""
+FORECAST_TREND_WINDOW_S = 60.0
 
 
 def lab_profile() -> Profile:
@@ -69,7 +72,11 @@ def base_mix_rps(capacity: oracle_mod.Capacity) -> float:
     return 1.0 / per_request
 
 
-def scalers(capacity: oracle_mod.Capacity, profile: Profile) -> dict[str, Callable[[], Scaler]]:
+def scalers(
+    capacity: oracle_mod.Capacity, profile: Profile, day_s: float | None = None
+) -> dict[str, Callable[[], Scaler]]:
+    """Every scaler; ``kvgate_forecast`` is kvgate's policy with its forecast on, its season the
+    scenario's day (``day_s``; a scenario that does not repeat is one day, seen once)."""
     policy = PoolPolicy(
         min_replicas=1,
         max_replicas=MAX_REPLICAS,
@@ -78,8 +85,16 @@ def scalers(capacity: oracle_mod.Capacity, profile: Profile) -> dict[str, Callab
         decode_capacity_tokens_per_s=capacity.decode_tokens_per_s,
     )
     rps = TARGET_UTILIZATION_RATIO * base_mix_rps(capacity)
+    forecast = ForecastPolicy(
+        enabled=True,
+        season_s=day_s or 86400.0,
+        bucket_s=FORECAST_BUCKET_S,
+        trend_window_s=FORECAST_TREND_WINDOW_S,
+    )
+    foresighted = policy.model_copy(update={"forecast": forecast})
     return {
         "kvgate": lambda: Kvgate(policy),
+        "kvgate_forecast": lambda: Kvgate(foresighted),
         "request_rate": lambda: request_rate(rps),
         "utilization": lambda: utilization(TARGET_UTILIZATION_RATIO),
         "waiting": lambda: waiting(profile.max_num_seqs / 4),
@@ -96,6 +111,12 @@ class _Trace:
     work: Sequence[float]
     duration_s: float
     seed: int
+    history_s: float = 0.0
+    """Measured from here (a week's first day is history only)."""
+
+    def play(self, scaler: Scaler, initial_replicas: int, name: str) -> LabRun:
+        result = run(self.arrivals, scaler, self.settings(initial_replicas), self.duration_s, name)
+        return result.since(self.history_s)
 
     def settings(self, initial_replicas: int) -> LabSettings:
         return LabSettings(
@@ -113,7 +134,7 @@ def _trace(name: str, seed: int) -> _Trace:
     capacity = oracle_mod.calibrate(profile)
     arrivals = scenario.arrivals(seed)
     work = oracle_mod.load(arrivals, capacity, scenario.duration_s)
-    return _Trace(profile, capacity, arrivals, work, scenario.duration_s, seed)
+    return _Trace(profile, capacity, arrivals, work, scenario.duration_s, seed, scenario.history_s)
 
 
 def run_scenario(
@@ -127,18 +148,15 @@ def run_scenario(
     """Every scaler of ``policies`` and the oracle through ``name``'s trace; ``oracle_headroom``
     fixes the oracle's headroom instead of searching for it."""
     trace = _trace(name, seed)
-    profile, capacity, arrivals, work = trace.profile, trace.capacity, trace.arrivals, trace.work
+    profile, capacity, work = trace.profile, trace.capacity, trace.work
     lead_s = profile.cold_start_s + INTERVAL_S
     step_s = oracle_mod.WINDOW_S
-    settings = trace.settings
 
     oracle_runs: dict[tuple[int, ...], LabRun] = {}
 
     def play_schedule(plan: Sequence[int]) -> float:
         started = time.perf_counter()
-        result = run(
-            arrivals, follow(plan, step_s, lead_s), settings(max(plan[:2])), trace.duration_s, "oracle"
-        )
+        result = trace.play(follow(plan, step_s, lead_s), max(plan[:2]), "oracle")
         oracle_runs[tuple(plan)] = result
         progress(f"  {name:<10} oracle try   {_line(result, started)}")
         return good_ratio(result)
@@ -152,12 +170,12 @@ def run_scenario(
         )
     runs = {"oracle": oracle_runs[choice.schedule]}
     initial = max(choice.schedule[:2])
-    makers = scalers(capacity, profile)
+    makers = scalers(capacity, profile, SCENARIOS[name].day_s or trace.duration_s)
     reasons: tuple[str, ...] = ()
     for policy_name in policies:
         scaler = Kvgate(kvgate_policy) if policy_name == "kvgate" and kvgate_policy else makers[policy_name]()
         started = time.perf_counter()
-        result = run(arrivals, scaler, settings(initial), trace.duration_s, policy_name)
+        result = trace.play(scaler, initial, policy_name)
         runs[policy_name] = result
         if isinstance(scaler, Kvgate):
             reasons = tuple(scaler.reasons)
@@ -192,13 +210,7 @@ def present_only(
     for headroom in headrooms:
         plan = oracle_mod.schedule(trace.work, headroom, 1, MAX_REPLICAS)
         started = time.perf_counter()
-        result = run(
-            trace.arrivals,
-            follow(plan, oracle_mod.WINDOW_S, 0.0),
-            trace.settings(max(plan[:2])),
-            trace.duration_s,
-            "present",
-        )
+        result = trace.play(follow(plan, oracle_mod.WINDOW_S, 0.0), max(plan[:2]), "present")
         out.append(PresentOnly(headroom, result))
         progress(f"  {name:<10} present {headroom:.2f} {_line(result, started)}")
     return out

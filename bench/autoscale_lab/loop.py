@@ -116,20 +116,17 @@ class _Loop:
         for outcome in self.waiting:
             outcome.refused = True
         assert self.ledger.totals() == ReplicaLoad(), "every reservation released"
-        cost = sum(
-            max(
-                0.0,
-                min(self.end_s, r.removed_s if r.removed_s is not None else self.end_s)
-                - max(0.0, r.launched_s),
-            )
+        spans = tuple(
+            (max(0.0, r.launched_s), min(self.end_s, r.removed_s if r.removed_s is not None else self.end_s))
             for r in self.replicas
         )
         return LabRun(
             self.name,
             tuple(self.outcomes),
             tuple(self.ticks),
-            cost,
+            sum(max(0.0, end_s - begin_s) for begin_s, end_s in spans),
             sum(r.engine.stats.num_preemptions for r in self.replicas),
+            spans,
         )
 
     # -- the actuator --------------------------------------------------------------------------

@@ -118,8 +118,10 @@ def table(result: ScenarioResult) -> str:
             f"{x.peak:>5}{x.peak / max(1, oracle.peak):>6.2f}{_s(x.scale_out_s):>7}{_s(x.scale_in_s):>7}"
             f"{x.direction_changes:>6}{x.most_changes_in_window:>6}{x.refused:>8}{x.preemptions:>8}"
         )
-    if "kvgate" in m:
-        lines.extend(f"  {line}" for line in targets(result.scenario, m))
+    for scaler in ("kvgate", "kvgate_forecast"):
+        if scaler in m:
+            lines.append(f"  {scaler}:")
+            lines.extend(f"  {line}" for line in targets(result.scenario, m, scaler))
     return "\n".join(lines)
 
 
@@ -144,9 +146,10 @@ def present_only_table(result: ScenarioResult, bounds: Sequence[PresentOnly]) ->
     return "\n".join(lines)
 
 
-def targets(scenario: str, m: Mapping[str, Measures]) -> list[str]:
-    """kvgate's policy against each target of the issue: one line each, ``ok`` or ``MISS``."""
-    k, oracle = m["kvgate"], m["oracle"]
+def targets(scenario: str, m: Mapping[str, Measures], scaler: str = "kvgate") -> list[str]:
+    """kvgate's policy (``scaler``: without or with its forecast) against each target of the issue:
+    one line each, ``ok`` or ``MISS``."""
+    k, oracle = m[scaler], m["oracle"]
     out = [
         _verdict(
             k.good_ratio >= SLO_OF_ORACLE_RATIO * oracle.good_ratio,
@@ -166,7 +169,7 @@ def targets(scenario: str, m: Mapping[str, Measures]) -> list[str]:
     ]
     limit = COST_OF_BASELINE_RATIO.get(scenario)
     for name, b in m.items():
-        if name in ("kvgate", "oracle") or limit is None:
+        if name in ("kvgate", "kvgate_forecast", "oracle") or limit is None:
             continue
         ratio = k.replica_seconds / max(b.replica_seconds, 1e-9)
         slo_delta = k.good_ratio - b.good_ratio

@@ -11,6 +11,7 @@ from bench.autoscale_lab.scenarios import SCENARIOS
 COLORS = {
     "oracle": "black",
     "kvgate": "tab:blue",
+    "kvgate_forecast": "tab:cyan",
     "request_rate": "tab:red",
     "utilization": "tab:orange",
     "waiting": "tab:purple",

@@ -106,3 +106,19 @@ class LabRun:
     ticks: tuple[Tick, ...]
     replica_seconds: float
     preemptions: int
+    spans: tuple[tuple[float, float], ...] = ()
+    """(asked for, removed or the run's end) of each replica, clipped to the run."""
+
+    def since(self, start_s: float) -> LabRun:
+        """The run from ``start_s`` on: the requests that arrived and the evaluations made since,
+        the replica-seconds spent since (a week's first day is history only)."""
+        if start_s <= 0:
+            return self
+        return LabRun(
+            self.scaler,
+            tuple(o for o in self.outcomes if o.arrival.arrival_s >= start_s),
+            tuple(t for t in self.ticks if t.time_s >= start_s),
+            sum(max(0.0, end_s - max(start_s, begin_s)) for begin_s, end_s in self.spans),
+            self.preemptions,
+            tuple((max(start_s, b), e) for b, e in self.spans if e > start_s),
+        )

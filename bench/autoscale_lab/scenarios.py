@@ -61,6 +61,10 @@ class Scenario:
     fall_s: float
     """When demand starts to fall."""
     description: str
+    day_s: float | None = None
+    """The length of one day of a scenario that repeats daily (None: it does not repeat)."""
+    history_s: float = 0.0
+    """Measured from here on: what comes before is history (a week's first day)."""
 
     def arrivals(self, seed: int) -> list[Arrival]:
         rng = random.Random(f"{self.name}:{seed}")
@@ -174,6 +178,27 @@ def _leak(start_s: float, stop_s: float) -> tuple[Callable[[float], float], Call
     return (lambda t: chats(t) + sessions(t)), (lambda t: {"chat": chats(t), "session": sessions(t)})
 
 
+LAB_DAY_S = 600.0
+"""One day of the scenarios that repeat: ten minutes, so a week of them runs in minutes of wall time
+(the forecast's season is configuration; its arithmetic does not depend on the day's length)."""
+WEEK_DAYS = 7
+_CHATS: Mix = {"chat": 1.0}
+
+
+def _daily(value: Callable[[float], _T], day_s: float = LAB_DAY_S) -> Callable[[float], _T]:
+    return lambda t: value(t % day_s)
+
+
+def _burst_day(start_s: float) -> Callable[[float], float]:
+    """The burst's day: 4 req/s, 16 for 3 minutes from ``start_s``."""
+    return _steps((0.0, 4.0), (start_s, 16.0), (start_s + 180.0, 4.0))
+
+
+def _moved(t: float) -> float:
+    """The burst at 2:00 of the first three days, at 6:00 from the fourth on."""
+    return _burst_day(120.0 if t < 3 * LAB_DAY_S else 360.0)(t % LAB_DAY_S)
+
+
 SCENARIOS: Mapping[str, Scenario] = {
     s.name: s
     for s in (
@@ -224,6 +249,52 @@ SCENARIOS: Mapping[str, Scenario] = {
             "prompts, 6-12 turns of 300-800 tokens) start at up to 0.2/s, from 4:00 to 20:00; 30 min",
         ),
         Scenario(
+            "burst_week",
+            WEEK_DAYS * LAB_DAY_S,
+            _daily(_burst_day(120.0)),
+            lambda t: BASE_MIX,
+            16.0,
+            rise_s=LAB_DAY_S + 120.0,
+            fall_s=LAB_DAY_S + 300.0,
+            description="the burst every day of a week of 10-minute days: the base mix at 4 req/s, 16 for "
+            "3 min from 2:00; the first day is history",
+            day_s=LAB_DAY_S,
+            history_s=LAB_DAY_S,
+        ),
+        Scenario(
+            "mix_shift_week",
+            WEEK_DAYS * LAB_DAY_S,
+            lambda t: 7.5,
+            _daily(
+                _steps(
+                    (0.0, _CHATS),
+                    (120.0, {"document": 1.0}),
+                    (300.0, {"generation": 1.0}),
+                    (480.0, _CHATS),
+                )
+            ),
+            7.5,
+            rise_s=LAB_DAY_S + 120.0,
+            fall_s=LAB_DAY_S + 480.0,
+            description="the mix shift every day of a week of 10-minute days: 7.5 req/s, documents from "
+            "2:00, generations from 5:00, chats from 8:00; the first day is history",
+            day_s=LAB_DAY_S,
+            history_s=LAB_DAY_S,
+        ),
+        Scenario(
+            "burst_moved",
+            WEEK_DAYS * LAB_DAY_S,
+            _moved,
+            lambda t: BASE_MIX,
+            16.0,
+            rise_s=LAB_DAY_S + 120.0,
+            fall_s=LAB_DAY_S + 300.0,
+            description="the pattern breaks: the week's burst comes at 2:00 for three days, at 6:00 from "
+            "the fourth; the first day is history",
+            day_s=LAB_DAY_S,
+            history_s=LAB_DAY_S,
+        ),
+        Scenario(
             "small",
             270.0,
             _steps((0.0, 1.0), (120.0, 4.0), (210.0, 1.0)),
@@ -236,4 +307,6 @@ SCENARIOS: Mapping[str, Scenario] = {
     )
 }
 FULL = ("ramp", "burst", "mix_shift", "leak")
-"""The scenarios ``--scenario all`` runs (``small`` is the tests')."""
+"""The single-day scenarios (``small`` is the tests')."""
+WEEKS = ("burst_week", "mix_shift_week", "burst_moved")
+"""The scenarios that repeat daily over a week, and the one whose pattern breaks."""

@@ -94,9 +94,10 @@ async def tick(
     gateways: Sequence[str],
     autoscaler: Autoscaler,
     actuator: Actuator,
-    clock: Clock = time.monotonic,
+    clock: Clock = time.time,
 ) -> list[Recommendation]:
-    """One read-decide-act round."""
+    """One read-decide-act round. Samples are stamped with the wall clock: the policy measures its
+    windows in their differences, and its forecast and schedule read the time of day from them."""
     doc = await read_signals(session, gateways)
     recommendations = autoscaler.update(pool_signals(doc, clock()))
     for rec in recommendations:

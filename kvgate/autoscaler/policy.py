@@ -68,7 +68,14 @@ from kvgate.autoscaler.recommendation import (
     SCALE_OUT_TOKEN_RATE,
     Recommendation,
 )
-from kvgate.autoscaler.rules import backlogged, idle, replicas_for_rate, scale_out_reason, unhurried
+from kvgate.autoscaler.rules import (
+    backlogged,
+    idle,
+    prefill_per_replica,
+    replicas_for_rate,
+    scale_out_reason,
+    unhurried,
+)
 from kvgate.autoscaler.signals import PoolSignals
 from kvgate.autoscaler.trend import residual, slope, trend_at
 from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
@@ -77,6 +84,14 @@ from kvgate.vocabulary.replica import Role
 NOISE_SPREAD = 2.0
 """Standard deviations of the sizing window's work around its trend that the scale-in hysteresis
 covers, up to ``scale_in_hysteresis_replicas``."""
+
+
+KV_BOUND_RATIO = 1.5
+"""A pool whose KV in use is this many times the replicas' worth its served rates keep busy is bound
+by its cache, not its compute."""
+KV_BOUND_BACKLOG_RATIO = 0.5
+"""Of ``scale_out_prefill_tokens_per_replica``: prompt tokens waiting per ready replica above which a
+pool bound by its cache is short of it (one long context pending is below it)."""
 
 
 class _RateSample(NamedTuple):
@@ -131,12 +146,21 @@ class PoolAutoscaler:
         self._lead_s = policy.forecast.lead_s or policy.cold_start_s
         self._forecaster = Forecaster(policy.forecast, self._lead_s) if policy.forecast.enabled else None
         self._last_queued: tuple[float, int] | None = None
+        self._foreseen_share: float | None = None
+        """This sample's forecast in replicas' worth of work at full use (None: none)."""
+        self._queued: deque[tuple[float, float]] = deque()
+        """(time, prompt tokens waiting) over the last ``scale_out_window_s``, changes included."""
 
     def update(self, s: PoolSignals) -> Recommendation:
         p = self.policy
         now_s = s.time_s
         self._settle(s)
         self._track(s)
+        forecast, error = self._foresee(s)
+        self._foreseen_share = None if forecast is None else forecast * p.target_utilization_ratio
+        self._queued.append((now_s, float(s.prompt_tokens_queued)))
+        while self._queued[0][0] < now_s - p.scale_out_window_s:
+            self._queued.popleft()
         settled = self._settled_s is not None
         base = s.replicas_current if settled or self._desired is None else self._desired
         floor, floor_reason, floor_detail = self._floor(s)
@@ -156,6 +180,12 @@ class PoolAutoscaler:
             # together as more demand, and waiting one sample for a second costs nothing the
             # latencies show.
             floor = min(floor, previous)
+        kv_bound = self._kv_bound_replicas(s)
+        if kv_bound > floor:
+            # Prompts queued for KV room are not the noise of contexts coming and going between reads:
+            # they count at once, a step in or a cold start before them.
+            floor, floor_reason = kv_bound, SCALE_OUT_KV
+            floor_detail += f" kv_bound->{kv_bound}"
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
             f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
@@ -190,7 +220,6 @@ class PoolAutoscaler:
             # The last change was a step out that undid a step in: a step in now would turn the
             # fleet twice within one stabilisation window.
             desired, reason = base, HOLD_STABILIZING
-        forecast, error = self._foresee(s)
         scheduled = scheduled_replicas(p.forecast, now_s, self._lead_s)
         foreseen = max(scheduled, math.ceil(forecast - 1e-9) if forecast is not None else 0)
         if foreseen > desired:
@@ -318,7 +347,14 @@ class PoolAutoscaler:
         if share is None:
             return None
         growth = self._share_growth(s)
-        return share + (growth if falling else max(0.0, growth)) * self.policy.cold_start_s
+        projected = share + (growth if falling else max(0.0, growth)) * self.policy.cold_start_s
+        foreseen = self._foreseen_share
+        if not falling and foreseen is not None and foreseen >= share:
+            # The forecast holds this rise: the demand it learned for the next cold start bounds the
+            # present's slope projected over it (a step served by replicas started ahead reads as
+            # steep growth for a window). A present above the forecast projects as before.
+            projected = min(projected, max(share, foreseen))
+        return projected
 
     def _share_growth(self, s: PoolSignals) -> float:
         """Replicas' worth of served work gained per second over the growth window's unhurried
@@ -359,6 +395,43 @@ class PoolAutoscaler:
             if n > best:
                 best, reason = n, SCALE_OUT_SEQUENCES
         return best, reason, " ".join(parts)
+
+    def _kv_bound_replicas(self, s: PoolSignals) -> int:
+        """Replicas a pool whose prompts wait for KV room rather than for compute needs (0 when it is
+        not such a pool, or while asked-for replicas come up): its ready replicas serve at their
+        ceiling, so it needs them in the ratio of the prompt tokens arriving (served, plus the growth
+        of those waiting, the least-squares slope over ``scale_out_window_s``, plus those waiting
+        over ``backlog_drain_s`` and ``cold_start_s``) to those served. Such a pool holds more than
+        ``KV_BOUND_BACKLOG_RATIO`` of ``scale_out_prefill_tokens_per_replica`` waiting per ready
+        replica, its served rates fill less than ``target_utilization_ratio`` of its replicas, and its
+        KV in use is ``KV_BOUND_RATIO`` times what they keep busy: long contexts take a replica's
+        cache one or two at a time, a cache too fragmented to take the next one reads under the full
+        mark, and the KV in use never shows the queue behind it."""
+        p = self.policy
+        ready = s.replicas_ready
+        served = s.prompt_tokens_per_s
+        if (
+            self._settled_s is None
+            or served <= 0
+            or ready == 0
+            or prefill_per_replica(s) <= KV_BOUND_BACKLOG_RATIO * p.scale_out_prefill_tokens_per_replica
+        ):
+            return 0
+        busy = self._share(s, served, s.output_tokens_per_s)
+        kv = s.kv_occupancy_ratio * ready
+        if (
+            busy is None
+            or busy >= ready * p.target_utilization_ratio
+            or kv < KV_BOUND_RATIO * busy
+            or s.kv_occupancy_ratio < p.scale_in_occupancy_ratio
+        ):
+            # Not bound by its cache: compute is busy, or the cache is not past the idle mark (a
+            # backlog the served rates have not caught up with yet, behind a step of demand).
+            return 0
+        queued = list(self._queued)
+        growth = max(0.0, slope(queued)) if len(queued) >= 3 else 0.0
+        arriving = served + growth + s.prompt_tokens_queued / (p.backlog_drain_s + p.cold_start_s)
+        return math.ceil(ready * arriving / served - 1e-9)
 
     def _share(self, s: PoolSignals, prefill_rate: float, decode_rate: float) -> float | None:
         """Replicas' worth of work at full use: each configured phase's rate over its capacity,

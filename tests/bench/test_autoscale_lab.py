@@ -17,11 +17,13 @@ from bench.autoscale_lab.__main__ import main
 from bench.autoscale_lab.compare import ScenarioResult, good_ratio, present_only, run_scenario
 from bench.autoscale_lab.measures import scenario_measures
 from bench.autoscale_lab.oracle import WINDOW_S
+from bench.autoscale_lab.records import LabRun, Outcome, Tick
+from bench.autoscale_lab.scenarios import LAB_DAY_S, SCENARIOS
 
 
 @pytest.fixture(scope="module")
 def result() -> ScenarioResult:
-    return run_scenario("small", seed=1)
+    return run_scenario("small", seed=1, policies=("kvgate", "request_rate", "utilization", "waiting"))
 
 
 def test_the_same_seed_gives_the_same_run(result: ScenarioResult) -> None:
@@ -82,3 +84,26 @@ def test_the_command_line_prints_the_table_against_the_oracle_and_plots_into_out
     rows = [line.split()[0] for line in printed if line.startswith(("  oracle ", "  request_rate "))]
     assert rows == ["oracle", "request_rate"]
     assert (tmp_path / "autoscale-lab-small.png").stat().st_size > 0
+
+
+def test_a_week_repeats_its_day_and_the_broken_one_moves_its_burst() -> None:
+    week, moved = SCENARIOS["burst_week"], SCENARIOS["burst_moved"]
+    day_s = LAB_DAY_S
+    assert week.day_s == day_s and week.history_s == day_s
+    for t in (0.0, 130.0, 310.0, 590.0):
+        assert week.rate_rps(t) == week.rate_rps(t + 4 * day_s)
+    assert moved.rate_rps(2 * day_s + 130.0) == 16.0 and moved.rate_rps(3 * day_s + 130.0) == 4.0
+    assert moved.rate_rps(3 * day_s + 370.0) == 16.0
+
+
+def test_a_run_since_its_history_counts_what_came_after() -> None:
+    arrivals = SCENARIOS["small"].arrivals(0)[:4]
+    outcomes = tuple(Outcome(a) for a in arrivals)
+    cut_s = arrivals[2].arrival_s
+    ticks = (Tick(0.0, 1, 1, 1), Tick(cut_s, 2, 2, 1))
+    run = LabRun("x", outcomes, ticks, 30.0, 0, ((0.0, 20.0), (5.0, 15.0)))
+    later = run.since(cut_s)
+    assert [o.arrival for o in later.outcomes] == arrivals[2:]
+    assert later.ticks == (Tick(cut_s, 2, 2, 1),)
+    assert later.replica_seconds == max(0.0, 20.0 - cut_s) + max(0.0, 15.0 - max(5.0, cut_s))
+    assert run.since(0.0) is run

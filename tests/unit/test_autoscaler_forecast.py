@@ -201,3 +201,58 @@ class PolicyRun:
             out.append((t, answer))
             t += STEP_S
         return out
+
+
+def test_a_pool_bound_by_its_cache_sizes_on_the_prompts_waiting_for_it() -> None:
+    """Long contexts queue behind a fragmented cache that reads under the full mark: the ready
+    replicas serve at their ceiling, and the queue's growth says how far short they are."""
+    scaler = PoolAutoscaler(
+        "chat",
+        PoolPolicy(
+            max_replicas=16,
+            cold_start_s=90.0,
+            prefill_capacity_tokens_per_s=27000.0,
+            decode_capacity_tokens_per_s=2000.0,
+        ),
+    )
+    answers = []
+    for i in range(8):
+        s = signals(float(i * STEP_S), 4, 0.0)
+        queued = 20_000 + 8_000 * i
+        answers.append(
+            scaler.update(
+                PoolSignals(
+                    **{
+                        **{f: getattr(s, f) for f in PoolSignals.__slots__},
+                        "kv_occupancy_ratio": 0.7,
+                        "ttft_p95_s": 1.2,
+                        "prompt_tokens_queued": queued,
+                        "prompt_tokens_per_s": 20_000.0,
+                        "output_tokens_per_s": 1_000.0,
+                    }
+                )
+            )
+        )
+    asked = next(a for a in answers if a.desired_replicas > 4)
+    assert asked.reason == "scale_out_kv" and "kv_bound->" in asked.detail
+    assert all(a.desired_replicas == 4 for a in answers[:2]), "a queue under the mark is in flight"
+
+
+def test_a_pool_bound_by_compute_is_not_sized_on_its_cache() -> None:
+    scaler = PoolAutoscaler(
+        "chat", PoolPolicy(max_replicas=16, cold_start_s=90.0, prefill_capacity_tokens_per_s=27000.0)
+    )
+    for i in range(8):
+        s = signals(float(i * STEP_S), 4, 0.0)
+        answer = scaler.update(
+            PoolSignals(
+                **{
+                    **{f: getattr(s, f) for f in PoolSignals.__slots__},
+                    "kv_occupancy_ratio": 0.5,
+                    "ttft_p95_s": 1.2,
+                    "prompt_tokens_queued": 40_000 + 8_000 * i,
+                    "prompt_tokens_per_s": 90_000.0,
+                }
+            )
+        )
+        assert "kv_bound" not in answer.detail
