@@ -67,16 +67,17 @@ from kvgate.autoscaler.recommendation import (
     SCALE_OUT_SEQUENCES,
     SCALE_OUT_TOKEN_RATE,
     Recommendation,
+    seconds_text,
 )
 from kvgate.autoscaler.rules import (
     backlogged,
     idle,
-    prefill_per_replica,
     replicas_for_rate,
     scale_out_reason,
     unhurried,
 )
 from kvgate.autoscaler.signals import PoolSignals
+from kvgate.autoscaler.sizing import kv_bound_replicas, kv_share, present_demand, work_share
 from kvgate.autoscaler.trend import residual, slope, trend_at
 from kvgate.config.autoscaler import AutoscalerConfig, PoolPolicy
 from kvgate.vocabulary.replica import Role
@@ -84,14 +85,6 @@ from kvgate.vocabulary.replica import Role
 NOISE_SPREAD = 2.0
 """Standard deviations of the sizing window's work around its trend that the scale-in hysteresis
 covers, up to ``scale_in_hysteresis_replicas``."""
-
-
-KV_BOUND_RATIO = 1.5
-"""A pool whose KV in use is this many times the replicas' worth its served rates keep busy is bound
-by its cache, not its compute."""
-KV_BOUND_BACKLOG_RATIO = 0.5
-"""Of ``scale_out_prefill_tokens_per_replica``: prompt tokens waiting per ready replica above which a
-pool bound by its cache is short of it (one long context pending is below it)."""
 
 
 class _RateSample(NamedTuple):
@@ -180,7 +173,8 @@ class PoolAutoscaler:
             # together as more demand, and waiting one sample for a second costs nothing the
             # latencies show.
             floor = min(floor, previous)
-        kv_bound = self._kv_bound_replicas(s)
+        # While asked-for replicas come up, the ask already covered the queue.
+        kv_bound = 0 if self._settled_s is None else kv_bound_replicas(p, s, list(self._queued))
         if kv_bound > floor:
             # Prompts queued for KV room are not the noise of contexts coming and going between reads:
             # they count at once, a step in or a cold start before them.
@@ -188,8 +182,8 @@ class PoolAutoscaler:
             floor_detail += f" kv_bound->{kv_bound}"
         detail = (
             f"replicas={s.replicas_current} ready={s.replicas_ready} occupancy={s.kv_occupancy_ratio:.2f} "
-            f"ttft_p95={_fmt(s.ttft_p95_s)} itl_p95={_fmt(s.itl_p95_s)} "
-            f"queue_wait_p95={_fmt(s.queue_wait_p95_s)} {floor_detail}"
+            f"ttft_p95={seconds_text(s.ttft_p95_s)} itl_p95={seconds_text(s.itl_p95_s)} "
+            f"queue_wait_p95={seconds_text(s.queue_wait_p95_s)} {floor_detail}"
         )
         desired, reason = base, HOLD
         if self._out_reason is not None and not settled:
@@ -241,25 +235,8 @@ class PoolAutoscaler:
         previous, self._last_queued = self._last_queued, (s.time_s, s.prompt_tokens_queued)
         if self._forecaster is None:
             return None, None
-        self._forecaster.observe(s.time_s, self._demand(s, previous))
+        self._forecaster.observe(s.time_s, present_demand(self.policy, s, previous))
         return self._forecaster.forecast(s.time_s), self._forecaster.last_error_replicas
-
-    def _demand(self, s: PoolSignals, previous: tuple[float, int] | None) -> float:
-        """Replicas the present demand needs at the targets, as the forecast learns it: the served
-        rates plus the arrivals left waiting (the growth of the prompt tokens waiting since the
-        previous sample, whatever the policy's windows), or the KV in use under the full mark,
-        whichever needs more; no projection, no backlog (the profile is of demand, not of the
-        fleet's shortfall)."""
-        p = self.policy
-        unserved = 0.0
-        if previous is not None and s.time_s > previous[0]:
-            unserved = max(0.0, (s.prompt_tokens_queued - previous[1]) / (s.time_s - previous[0]))
-        output = s.output_tokens_per_s
-        if s.prompt_tokens_per_s > 0:
-            output *= 1 + unserved / s.prompt_tokens_per_s
-        share = self._share(s, s.prompt_tokens_per_s + unserved, output)
-        kv = s.kv_occupancy_ratio * s.replicas_ready / p.scale_out_occupancy_ratio
-        return max(kv, share / p.target_utilization_ratio if share is not None else 0.0)
 
     def _settle(self, s: PoolSignals) -> None:
         if self._settled_s is None and (
@@ -343,7 +320,7 @@ class PoolAutoscaler:
         output = s.output_tokens_per_s
         if s.prompt_tokens_per_s > 0:
             output *= 1 + unserved / s.prompt_tokens_per_s
-        share = self._share(s, prompt, output)
+        share = work_share(self.policy, s, prompt, output)
         if share is None:
             return None
         growth = self._share_growth(s)
@@ -363,7 +340,10 @@ class PoolAutoscaler:
         if len(rates) < 2 or rates[-1].time_s - rates[0].time_s < self.policy.growth_window_s / 2:
             return 0.0
         return slope(
-            [(r.time_s, self._share(s, r.prompt_tokens_per_s, r.output_tokens_per_s) or 0.0) for r in rates]
+            [
+                (r.time_s, work_share(self.policy, s, r.prompt_tokens_per_s, r.output_tokens_per_s) or 0.0)
+                for r in rates
+            ]
         )
 
     def _floor(self, s: PoolSignals) -> tuple[int, str, str]:
@@ -384,7 +364,7 @@ class PoolAutoscaler:
                 f"prefill_demand={s.prompt_tokens_per_s + unserved + backlog:.0f}/s "
                 f"growth={self._share_growth(s):+.4f}/s replica_share={share:.2f}->{best}"
             )
-            kv = self._kv_share(s)
+            kv = kv_share(s, self._unserved())
             n = replicas_for_rate(kv, 1.0, p.scale_out_occupancy_ratio)
             parts.append(f"kv_share={kv:.2f}->{n}")
             if n > best:
@@ -395,65 +375,6 @@ class PoolAutoscaler:
             if n > best:
                 best, reason = n, SCALE_OUT_SEQUENCES
         return best, reason, " ".join(parts)
-
-    def _kv_bound_replicas(self, s: PoolSignals) -> int:
-        """Replicas a pool whose prompts wait for KV room rather than for compute needs (0 when it is
-        not such a pool, or while asked-for replicas come up): its ready replicas serve at their
-        ceiling, so it needs them in the ratio of the prompt tokens arriving (served, plus the growth
-        of those waiting, the least-squares slope over ``scale_out_window_s``, plus those waiting
-        over ``backlog_drain_s`` and ``cold_start_s``) to those served. Such a pool holds more than
-        ``KV_BOUND_BACKLOG_RATIO`` of ``scale_out_prefill_tokens_per_replica`` waiting per ready
-        replica, its served rates fill less than ``target_utilization_ratio`` of its replicas, and its
-        KV in use is ``KV_BOUND_RATIO`` times what they keep busy: long contexts take a replica's
-        cache one or two at a time, a cache too fragmented to take the next one reads under the full
-        mark, and the KV in use never shows the queue behind it."""
-        p = self.policy
-        ready = s.replicas_ready
-        served = s.prompt_tokens_per_s
-        if (
-            self._settled_s is None
-            or served <= 0
-            or ready == 0
-            or prefill_per_replica(s) <= KV_BOUND_BACKLOG_RATIO * p.scale_out_prefill_tokens_per_replica
-        ):
-            return 0
-        busy = self._share(s, served, s.output_tokens_per_s)
-        kv = s.kv_occupancy_ratio * ready
-        if (
-            busy is None
-            or busy >= ready * p.target_utilization_ratio
-            or kv < KV_BOUND_RATIO * busy
-            or s.kv_occupancy_ratio < p.scale_in_occupancy_ratio
-        ):
-            # Not bound by its cache: compute is busy, or the cache is not past the idle mark (a
-            # backlog the served rates have not caught up with yet, behind a step of demand).
-            return 0
-        queued = list(self._queued)
-        growth = max(0.0, slope(queued)) if len(queued) >= 3 else 0.0
-        arriving = served + growth + s.prompt_tokens_queued / (p.backlog_drain_s + p.cold_start_s)
-        return math.ceil(ready * arriving / served - 1e-9)
-
-    def _share(self, s: PoolSignals, prefill_rate: float, decode_rate: float) -> float | None:
-        """Replicas' worth of work at full use: each configured phase's rate over its capacity,
-        added up on a mixed pool (its phases share each replica's time); None with no capacity."""
-        p = self.policy
-        share, configured = 0.0, False
-        if p.prefill_capacity_tokens_per_s is not None and s.role in (Role.PREFILL, Role.MIXED):
-            share += prefill_rate / p.prefill_capacity_tokens_per_s
-            configured = True
-        if p.decode_capacity_tokens_per_s is not None and s.role in (Role.DECODE, Role.MIXED):
-            share += decode_rate / p.decode_capacity_tokens_per_s
-            configured = True
-        return share if configured else None
-
-    def _kv_share(self, s: PoolSignals) -> float:
-        """Replicas' worth of KV cache in use, grown by the arrivals the pool leaves waiting, at most
-        doubled per evaluation as an HPA's scale-up is (the served rate lags a shift of the mix by
-        its window, the queue does not): a pool bound by KV rather than by tokens/s shows its
-        demand only there."""
-        unserved = self._unserved()
-        waiting = 1 + unserved / max(s.prompt_tokens_per_s, unserved) if unserved > 0 else 1.0
-        return s.kv_occupancy_ratio * s.replicas_ready * waiting
 
     def _sized_for(self, s: PoolSignals) -> tuple[float, float]:
         """Replicas that carry the demand projected one cold start ahead (growth included, backlog
@@ -471,7 +392,7 @@ class PoolAutoscaler:
         share = self._projected_share(s, self._unserved(), falling=True)
         if share is None:
             return math.inf, math.inf
-        kv = self._kv_share(s) + max(0.0, self._kv_growth()) * p.cold_start_s
+        kv = kv_share(s, self._unserved()) + max(0.0, self._kv_growth()) * p.cold_start_s
         self._works.append((s.time_s, share, kv))
         while self._works[0][0] < s.time_s - p.scale_in_sizing_window_s:
             self._works.popleft()
@@ -509,10 +430,6 @@ class PoolAutoscaler:
             else:
                 self._last_in_s = now_s
         self._desired = desired
-
-
-def _fmt(value_s: float | None) -> str:
-    return "none" if value_s is None else f"{value_s:.3f}s"
 
 
 class Autoscaler:

@@ -52,3 +52,8 @@ class Recommendation:
     """Demand the forecast expects over the lead, in replicas (None: forecast off or no history)."""
     forecast_error_replicas: float | None = None
     """The latest forecast whose lead has passed minus the most demand that came over it, in replicas."""
+
+
+def seconds_text(value_s: float | None) -> str:
+    """A latency as a recommendation's detail shows it."""
+    return "none" if value_s is None else f"{value_s:.3f}s"
