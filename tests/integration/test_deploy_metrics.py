@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from kvgate.gateway.telemetry.gauges import COORDINATION_SERIES
+from kvgate.gateway.telemetry.gauges import COORDINATION_SERIES, FORECAST_GAUGES
 from kvgate.sim.fleet import SimFleet
 from kvgate.sim.ports import free_ports
 from tests.integration.processes import assert_process_idle, sdk_traffic, serving_process, stop
@@ -31,10 +31,12 @@ RARE = frozenset(
     }
 )
 CONFIGURED_ONLY = frozenset(
-    {*COORDINATION_SERIES, "kvgate_objective_requests_total", "kvgate_objective_seconds"}
+    {*COORDINATION_SERIES, "kvgate_objective_requests_total", "kvgate_objective_seconds", *FORECAST_GAUGES}
 )
-"""Exported only when the config asks (coordination, latency objectives), which the base config
-does not: ``test_alert_metrics`` scrapes them from a gateway configured with both."""
+"""Exported only when the config asks (coordination, latency objectives, the autoscaler's forecast),
+which the base config does not: ``test_alert_metrics`` scrapes the first two from a gateway
+configured with both; the forecast's appear once it has a season of history
+(``tests/unit/test_metrics.py`` exports them)."""
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{(.*)\})?\s+\S+")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
