@@ -23,7 +23,12 @@ from typing import Protocol
 import aiohttp
 
 from kvgate.config.pools import DnsReplicas, Pool
-from kvgate.gateway.replicas.kubernetes import KubernetesApi, KubernetesDiscovery, clusterip_refusal
+from kvgate.gateway.replicas.kubernetes import (
+    KubernetesApi,
+    KubernetesDiscovery,
+    clusterip_refusal,
+    replace_pool_urls,
+)
 from kvgate.gateway.state import GatewayState
 
 logger = logging.getLogger("kvgate.discovery")
@@ -91,20 +96,8 @@ class DnsDiscovery:
             self._state.set_pool_urls(self._pool_name, [])
             return
         urls = await self.resolve()
-        if urls is None:
-            return
-        before = {r.url for r in self._state.replicas.values() if r.pool == self._pool_name}
-        self._state.set_pool_urls(self._pool_name, urls)
-        added, gone = sorted(set(urls) - before), sorted(before - set(urls))
-        if added or gone:
-            logger.info(
-                "pool %s: %s now resolves to %s (new: %s; gone: %s)",
-                self._pool_name,
-                self._dns.name,
-                urls,
-                added,
-                gone,
-            )
+        if urls is not None:
+            replace_pool_urls(self._state, self._pool_name, urls, f"the addresses of {self._dns.name}")
 
     async def run(self) -> None:
         while True:

@@ -175,25 +175,22 @@ class KubernetesDiscovery:
 
     async def refresh(self) -> None:
         urls = await self.resolve()
-        if urls is None:
-            return
-        before = {r.url for r in self._state.replicas.values() if r.pool == self._pool_name}
-        self._state.set_pool_urls(self._pool_name, urls)
-        added, gone = sorted(set(urls) - before), sorted(before - set(urls))
-        if added or gone:
-            logger.info(
-                "pool %s: the %s now list %s (new: %s; gone: %s)",
-                self._pool_name,
-                self._what,
-                urls,
-                added,
-                gone,
-            )
+        if urls is not None:
+            replace_pool_urls(self._state, self._pool_name, urls, f"the {self._what}")
 
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self._config.refresh_s)
             await self.refresh()
+
+
+def replace_pool_urls(state: GatewayState, pool_name: str, urls: list[str], source: str) -> None:
+    """Make ``urls`` the pool's replicas and log what changed, naming where they came from."""
+    before = {r.url for r in state.replicas.values() if r.pool == pool_name}
+    state.set_pool_urls(pool_name, urls)
+    added, gone = sorted(set(urls) - before), sorted(before - set(urls))
+    if added or gone:
+        logger.info("pool %s: %s now list %s (new: %s; gone: %s)", pool_name, source, urls, added, gone)
 
 
 async def clusterip_refusal(
