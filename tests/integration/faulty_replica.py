@@ -13,6 +13,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from tests.integration.processes import serving_app
+
 COMPLETIONS = ("/v1/completions", "/v1/chat/completions")
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
 
@@ -74,13 +76,9 @@ async def faulty_front(target: str, fault: Fault | None = None) -> AsyncIterator
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    front.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
-        yield front
+        async with serving_app(app) as url:
+            front.url = url
+            yield front
     finally:
-        await runner.cleanup()
         await session.close()

@@ -12,6 +12,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from tests.integration.processes import serving_app
+
 TOKEN = "service-account-token"
 
 
@@ -77,12 +79,5 @@ async def api_server(cluster: FakeCluster) -> AsyncIterator[str]:
     app = web.Application()
     app.router.add_get("/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices", endpoint_slices)
     app.router.add_get("/api/v1/namespaces/{namespace}/services/{name}", service)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield url

@@ -22,6 +22,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
+from tests.integration.processes import serving_app
+
 SELECTOR = {"app": "vllm"}
 ROUTABLE = "kvgate.io/routable"
 COST = "controller.kubernetes.io/pod-deletion-cost"
@@ -179,11 +181,5 @@ async def fleet_api(cluster: FleetCluster, session: aiohttp.ClientSession) -> As
     app.router.add_get(f"/api/v1/namespaces/{cluster.namespace}/pods", pods)
     app.router.add_patch(f"/api/v1/namespaces/{cluster.namespace}/pods/{{name}}", pod)
     app.router.add_get(f"/apis/discovery.k8s.io/v1/namespaces/{cluster.namespace}/endpointslices", slices)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield url

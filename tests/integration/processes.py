@@ -15,6 +15,7 @@ from typing import IO, Any
 import aiohttp
 import openai
 import orjson
+from aiohttp import web
 
 from kvgate.loadtest.client import wait_until_ok
 
@@ -53,6 +54,18 @@ async def serving_process(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+@asynccontextmanager
+async def serving_app(app: web.Application) -> AsyncIterator[str]:
+    """``app`` served on a free loopback port for the block: its base URL."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
 
 
 async def stop(process: asyncio.subprocess.Process, sig: int = signal.SIGTERM) -> int:
