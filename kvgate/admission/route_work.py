@@ -45,6 +45,9 @@ class Work(enum.Enum):
 
 
 _DECODING = frozenset({Work.CHAT, Work.COMPLETION, Work.RESPONSES})
+MAX_PAIR_CHARS = 16 * 1024 * 1024
+"""Most text a score or rerank request's pairs may hold together: twice the default body, so a 1:N
+request cannot make the gateway build many times the text it was sent."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +144,14 @@ def _pairs(
     elif len(lefts) != len(rights):
         return InvalidRequest(
             f"'{firsts[0]}' and '{seconds[0]}' must have one item, or as many items as each other.", firsts[0]
+        )
+    expanded = sum(map(len, lefts)) + sum(map(len, rights))
+    if expanded > MAX_PAIR_CHARS:
+        # A 1:N request repeats its first text for every second: a long query over many short
+        # documents would ask for far more text than its body holds.
+        return InvalidRequest(
+            f"The pairs of this request hold {expanded} characters, over the limit of {MAX_PAIR_CHARS}.",
+            seconds[0],
         )
     prompts = [left + right for left, right in zip(lefts, rights, strict=True)]
     return WorkView({"prompt": prompts[0] if len(prompts) == 1 else prompts}, False)

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from kvgate.admission.cost import InvalidRequest
-from kvgate.admission.route_work import Work, WorkView, work_view
+from kvgate.admission.route_work import MAX_PAIR_CHARS, Work, WorkView, work_view
 
 
 @pytest.mark.parametrize(
@@ -59,3 +59,12 @@ def test_an_unreadable_body_names_its_field(work: Work, body: dict[str, Any], pa
 def test_only_generation_decodes_and_only_tokens_count_no_prompt() -> None:
     assert {w for w in Work if w.decodes} == {Work.CHAT, Work.COMPLETION, Work.RESPONSES}
     assert {w for w in Work if not w.counts_prompt} == {Work.TOKENS}
+
+
+def test_a_long_query_over_many_documents_is_refused_before_its_pairs_are_built() -> None:
+    query = "q" * (1024 * 1024)
+    refused = work_view(Work.RERANK, {"query": query, "documents": ["d"] * 64})
+    assert isinstance(refused, InvalidRequest) and refused.param == "documents"
+    assert str(MAX_PAIR_CHARS) in refused.message
+    fits = work_view(Work.RERANK, {"query": query, "documents": ["d"] * 8})
+    assert isinstance(fits, WorkView) and len(fits.body["prompt"]) == 8
