@@ -45,6 +45,18 @@ class Work(enum.Enum):
 
 
 _DECODING = frozenset({Work.CHAT, Work.COMPLETION, Work.RESPONSES})
+POOLING_ROUTES: dict[str, Work] = {
+    "/v1/embeddings": Work.EMBEDDING,
+    "/pooling": Work.EMBEDDING,
+    "/classify": Work.EMBEDDING,
+    "/score": Work.SCORE,
+    "/v1/score": Work.SCORE,
+    "/rerank": Work.RERANK,
+    "/v1/rerank": Work.RERANK,
+    "/v2/rerank": Work.RERANK,
+}
+"""vLLM's pooling routes (each a ``POST``) and the work each runs: the gateway serves them and the
+simulator answers them from this one table."""
 MAX_PAIR_CHARS = 16 * 1024 * 1024
 """Most text a score or rerank request's pairs may hold together: twice the default body, so a 1:N
 request cannot make the gateway build many times the text it was sent."""

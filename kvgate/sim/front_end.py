@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from kvgate.admission.route_work import WorkView, work_view
+from kvgate.admission.route_work import POOLING_ROUTES, WorkView, work_view
 from kvgate.sim.engine import Engine
 from kvgate.sim.exchange import Exchange
 from kvgate.sim.http import Connection, Request
 from kvgate.sim.kv_publisher import KvEventPublisher, sources_body
 from kvgate.sim.kv_transfer import HANDOFF_FIELDS, KvTransfers, pull
 from kvgate.sim.metrics import render_metrics
-from kvgate.sim.pooling import POOLING_WORK, PoolingExchange
+from kvgate.sim.pooling import PoolingExchange
 from kvgate.sim.profile import Profile
 from kvgate.sim.prompts import PromptEncoder
 from kvgate.sim.protocol import DONE_CHUNK, VLLM_VERSION, WORDS, ApiError, models_body, tokenize_body
@@ -52,7 +52,7 @@ _ROUTES = {
     "/v1/responses": "POST",
     "/tokenize": "POST",
     "/detokenize": "POST",
-    **dict.fromkeys(POOLING_WORK, "POST"),
+    **dict.fromkeys(POOLING_ROUTES, "POST"),
     "/v1/models": "GET",
     "/health": "GET",
     "/version": "GET",
@@ -126,7 +126,7 @@ class FrontEnd:
             self._generate(conn, request, chat)
         elif path == "/v1/responses":
             self._respond(conn, request)
-        elif path in POOLING_WORK:
+        elif path in POOLING_ROUTES:
             self._pool(conn, request, path)
         elif path == "/detokenize":
             self._detokenize(conn, request)
@@ -344,7 +344,7 @@ class FrontEnd:
             refused = model_not_found(str(model), self.model)
             conn.respond(refused.status, refused.body())
             return
-        view = work_view(POOLING_WORK[path], body)
+        view = work_view(POOLING_ROUTES[path], body)
         if not isinstance(view, WorkView):
             refused = ApiError(400, view.message, "BadRequestError", view.param)
             conn.respond(refused.status, refused.body())

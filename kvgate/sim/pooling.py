@@ -17,22 +17,12 @@ from typing import Any
 
 import orjson
 
-from kvgate.admission.route_work import Work
+from kvgate.admission.route_work import POOLING_ROUTES, Work
 from kvgate.sim.engine import EngineRequest
 from kvgate.sim.exchange import Exchange
 
 EMBEDDING_DIMENSIONS = 32
 
-POOLING_WORK: dict[str, Work] = {
-    "/v1/embeddings": Work.EMBEDDING,
-    "/pooling": Work.EMBEDDING,
-    "/classify": Work.EMBEDDING,
-    "/score": Work.SCORE,
-    "/v1/score": Work.SCORE,
-    "/rerank": Work.RERANK,
-    "/v1/rerank": Work.RERANK,
-    "/v2/rerank": Work.RERANK,
-}
 _ID_PREFIX = {
     "/v1/embeddings": "embd-",
     "/pooling": "pool-",
@@ -83,7 +73,7 @@ def pooling_body(
         "completion_tokens": 0,
         "prompt_tokens_details": None,
     }
-    work = POOLING_WORK[path]
+    work = POOLING_ROUTES[path]
     if work is Work.RERANK:
         documents = request.get("documents") or []
         scored = [(i, _score(p)) for i, p in enumerate(prompts)]

@@ -8,7 +8,7 @@ per request. ``SERVED`` lists every route a client may call, for the 404 of any 
 
 from __future__ import annotations
 
-from kvgate.admission.route_work import Work
+from kvgate.admission.route_work import POOLING_ROUTES, Work
 
 CHAT_PATH = "/v1/chat/completions"
 RESPONSES_PATH = "/v1/responses"
@@ -17,14 +17,7 @@ PROXIED: dict[str, Work] = {
     CHAT_PATH: Work.CHAT,
     "/v1/completions": Work.COMPLETION,
     RESPONSES_PATH: Work.RESPONSES,
-    "/v1/embeddings": Work.EMBEDDING,
-    "/pooling": Work.EMBEDDING,
-    "/classify": Work.EMBEDDING,
-    "/score": Work.SCORE,
-    "/v1/score": Work.SCORE,
-    "/rerank": Work.RERANK,
-    "/v1/rerank": Work.RERANK,
-    "/v2/rerank": Work.RERANK,
+    **POOLING_ROUTES,
     "/tokenize": Work.TOKENS,
     "/detokenize": Work.TOKENS,
 }
